@@ -1,0 +1,39 @@
+"""Model families behind the :class:`~rlrunner.models.base.FlowModel` interface.
+
+Families are imported lazily (SD3, Wan and Qwen-Image pull in large parts of transformers/diffusers).
+To add one: write ``models/<family>.py`` with a ``FlowModel`` subclass that has a classmethod
+``load(model_path, family_cfg, *, device, dtype)`` and list it in ``MODEL_FAMILIES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rlrunner.models.base import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, FlowModel
+from rlrunner.utils.device import resolve_device, resolve_dtype
+
+MODEL_FAMILIES: dict[str, str] = {
+    "tiny": "rlrunner.models.tiny:TinyFlowModel",
+    "sd3": "rlrunner.models.sd3:SD3FlowModel",
+    "wan22_ti2v_5b": "rlrunner.models.wan:WanFlowModel",
+    "qwen_image": "rlrunner.models.qwen_image:QwenImageFlowModel",
+}
+
+
+def model_class(model_type: str) -> type[FlowModel]:
+    if model_type not in MODEL_FAMILIES:
+        raise ValueError(f"unknown actor.model.model_type {model_type!r}; valid: {sorted(MODEL_FAMILIES)}")
+    module_name, class_name = MODEL_FAMILIES[model_type].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def build_model(model_cfg: Any) -> FlowModel:
+    """Load ``model_cfg.model_type`` from ``model_cfg.model_path`` with its family settings and LoRA adapters."""
+    family_cfg = model_cfg[model_cfg.model_type]
+    device = resolve_device(model_cfg.device)
+    dtype = resolve_dtype(model_cfg.precision, device)
+    return model_class(model_cfg.model_type).load(model_cfg.model_path, family_cfg, device=device, dtype=dtype)
+
+
+__all__ = ["ADAPTERS", "EMA_ADAPTER", "TRAINED_ADAPTER", "FlowModel", "MODEL_FAMILIES", "build_model", "model_class"]

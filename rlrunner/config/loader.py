@@ -1,0 +1,130 @@
+"""Load a recipe: YAML file → structured OmegaConf config with overrides, then validate.
+
+Errors a user can fix are raised as :class:`RecipeError` with one line that names the key, the bad value and
+what to change; the command-line entry point prints that line and exits non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from rlrunner.config.schema import RecipeConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
+DEFAULT_RECIPE = "tiny_nft_ocr"
+
+
+class RecipeError(ValueError):
+    """A recipe problem the user can fix; the message is one line saying what to change."""
+
+
+def available_recipes(config_dir: Path = CONFIG_DIR) -> list[str]:
+    return sorted(p.stem for p in config_dir.glob("*.yaml"))
+
+
+def recipe_path(name: str, config_dir: Path = CONFIG_DIR) -> Path:
+    """The YAML of recipe ``name`` (a file stem in ``config_dir``, or a path to a .yaml file)."""
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return Path(name)
+    path = config_dir / f"{name}.yaml"
+    if not path.is_file():
+        close = difflib.get_close_matches(name, available_recipes(config_dir), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise RecipeError(f"no recipe named {name!r} in {config_dir}{hint} "
+                          f"Available recipes: {', '.join(available_recipes(config_dir)) or '(none)'}")
+    return path
+
+
+def _valid_keys(node: DictConfig, prefix: str) -> list[str]:
+    return [f"{prefix}{key}" for key in node.keys()]
+
+
+def _closest_key_hint(schema: DictConfig, full_key: str) -> str:
+    """' (did you mean 'actor.optim.lr'?)' for a misspelt dotted key, else the valid keys at that level."""
+    parts = full_key.split(".")
+    node: Any = schema
+    for depth, part in enumerate(parts):
+        if isinstance(node, DictConfig) and part in node and not OmegaConf.is_missing(node, part):
+            node = node[part]
+            continue
+        if not isinstance(node, DictConfig) or node._get_flag("struct") is False:
+            return ""
+        prefix = ".".join(parts[:depth]) + ("." if depth else "")
+        candidates = _valid_keys(node, prefix)
+        close = difflib.get_close_matches(prefix + part, candidates, n=1, cutoff=0.6)
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+        return f" (valid keys here: {', '.join(candidates)})"
+    return ""
+
+
+def _describe_omegaconf_error(err: OmegaConfBaseException, schema: DictConfig, source: str) -> RecipeError:
+    key = getattr(err, "full_key", None) or ""
+    if isinstance(err, ConfigKeyError) or "not in struct" in str(err) or "Key '" in str(err) and "not" in str(err):
+        return RecipeError(f"{source}: unknown key {key!r}{_closest_key_hint(schema, key)}")
+    if isinstance(err, ValidationError):
+        value = getattr(err, "value", None)
+        ref = getattr(err, "ref_type", None)
+        expected = getattr(ref, "__name__", None) or str(ref)
+        return RecipeError(f"{source}: key {key!r} has value {value!r} of the wrong type; expected {expected}")
+    return RecipeError(f"{source}: {key or ''} {str(err).splitlines()[0]}".strip())
+
+
+def parse_overrides(overrides: list[str]) -> DictConfig:
+    """``["actor.optim.lr=1e-4", "algorithm.nft_tau=[1.0,0.01,0,70]"]`` → a nested config."""
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise RecipeError(f"override {item!r} is not of the form dotted.key=value (e.g. actor.optim.lr=1e-4)")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as err:
+        raise RecipeError(f"cannot parse overrides {overrides}: {str(err).splitlines()[0]}") from None
+
+
+def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> DictConfig:
+    """Merge recipe ``name`` and ``overrides`` onto the schema, resolve interpolations and validate.
+
+    Returns a struct-mode, read-only :class:`DictConfig`; raises :class:`RecipeError` on any user error.
+    """
+    from rlrunner.config.validate import validate
+
+    path = recipe_path(name, config_dir)
+    schema = OmegaConf.structured(RecipeConfig)
+    try:
+        recipe = OmegaConf.load(path)
+    except Exception as err:  # YAML syntax errors come from yaml, not OmegaConf
+        raise RecipeError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(recipe, DictConfig):
+        raise RecipeError(f"{path}: a recipe is a mapping of sections (cluster, runner, ...), got {type(recipe)}")
+    cfg = schema
+    for source, layer in ((str(path), recipe), ("command-line override", parse_overrides(overrides or []))):
+        try:
+            cfg = OmegaConf.merge(cfg, layer)
+        except OmegaConfBaseException as err:
+            raise _describe_omegaconf_error(err, schema, source) from None
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        raise RecipeError(f"{path}: cannot resolve interpolation at {getattr(err, 'full_key', '?')!r}: "
+                          f"{str(err).splitlines()[0]}") from None
+    cfg = _normalise(cfg)
+    validate(cfg, base_dir=Path(os.getcwd()))
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _normalise(cfg: DictConfig) -> DictConfig:
+    """Fill derived defaults: an empty experiment name becomes the recipe-independent "run"."""
+    if not cfg.runner.logger.experiment_name:
+        cfg.runner.logger.experiment_name = "run"
+    return cfg
+
+
+def to_yaml(cfg: DictConfig | ListConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

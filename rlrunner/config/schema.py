@@ -1,0 +1,220 @@
+"""The recipe schema: every key a recipe may set, with its type and default.
+
+Key names follow RLinf's diffusion recipes (``cluster``, ``runner``, ``algorithm``, ``env``, ``actor``) so
+that users can carry their recipes over. The schema is merged in OmegaConf struct mode, so a key that is not
+declared here is an error (see :mod:`rlrunner.config.loader` for the messages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# --------------------------------------------------------------------------------------------- cluster
+
+
+@dataclass
+class ClusterConfig:
+    num_nodes: int = 1
+    # accelerators per node; 0 = detect (GPUs/NPUs of the Ray cluster, or 1 CPU "device" without any)
+    num_devices_per_node: int = 0
+    # RLinf syntax: {"actor,env,rollout": "all"} or {"actor": "0-3", "rollout": "4-5", "env": "6-7"}
+    component_placement: dict[str, Any] = field(default_factory=lambda: {"actor,env,rollout": "all"})
+    # "ray" places workers as Ray actors; "local" runs them in this process (tests, debugging)
+    backend: str = "ray"
+    # address of an existing cluster ("auto" or host:port); empty = RAY_ADDRESS or a new local cluster
+    ray_address: str = ""
+    # CPUs each worker reserves in its placement bundle
+    cpus_per_worker: float = 1.0
+    # seconds to wait for a worker call before declaring the worker dead
+    worker_timeout_s: float = 1800.0
+    # collocated components move idle models to host memory between phases
+    enable_offload: bool = False
+
+
+# ---------------------------------------------------------------------------------------------- runner
+
+
+@dataclass
+class LoggerConfig:
+    log_path: str = "logs"
+    experiment_name: str = ""
+    logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
+
+
+@dataclass
+class RunnerConfig:
+    max_steps: int = -1
+    max_epochs: int = -1
+    val_check_interval: int = 10
+    # also evaluate before the first step (the "before" number of a learning curve)
+    val_before_train: bool = True
+    save_interval: int = 20
+    keep_last_n: int = 3
+    resume_dir: str = ""
+    weight_sync_interval: int = 1
+    # log sample grids every N steps (0 = never)
+    sample_log_interval: int = 5
+    num_logged_samples: int = 16
+    # overlap reward scoring of batch k with the rollout of batch k+1
+    async_reward: bool = True
+    # this many non-finite losses in a row abort the run
+    max_nonfinite_steps: int = 3
+    seed: int = 42
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+# ------------------------------------------------------------------------------------------- algorithm
+
+
+@dataclass
+class AlgorithmConfig:
+    group_size: int = 8
+    adv_type: str = "grpo"  # grpo | grpo_video
+    # grpo: std normalisation "group" | "global" | "none"; grpo_video: "video" | "frame"
+    advantage_mode: str = "global"
+    adv_clip_max: float = 5.0
+    nft_beta: float = 0.1
+    nft_target_space: str = "x0"
+    nft_weight_mode: str = "adaptive"  # adaptive | constant
+    nft_clip_ratio: float | None = None
+    # EMA "old" policy: scalar tau or [start, end, s0, s1] (RLinf); ema <- (1 - tau) ema + tau theta
+    nft_tau: Any = field(default_factory=lambda: [1.0, 0.01, 30, 70])
+    # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999
+    nft_decay_type: str = ""
+    nft_xcur_source: str = "resample"
+    # KL anchor to the base model (adapters off); 0 disables it
+    ref_kl_coef: float = 0.0
+    # control runs: "reward" (normal) | "none" (r fixed at 0.5) | "shuffle" (rewards permuted)
+    reward_signal: str = "reward"
+
+
+# ------------------------------------------------------------------------------------------------- env
+
+
+@dataclass
+class DatasetConfig:
+    type: str = "ocr"  # text prompt files
+    # a directory with <split>.txt, or a .txt file
+    path: str = ""
+    split: str = "train"
+
+
+@dataclass
+class RewardConfig:
+    type: str = "single"  # single | multi
+    model: str = "ocr"  # ocr | video_ocr | image_stats
+    key: str = "ocr"
+    engine: str = "auto"  # auto | rapidocr | paddleocr
+    use_gpu: bool = False
+    lang: str = "en"
+    rec_only: bool = False  # recognition-only OCR for single-line images
+    frame_interval: int = 4
+    batch_size: int = 16
+    num_workers: int = 1
+    weight: float = 1.0
+    alphabet: str = ""  # keep only these characters of the recognised text before scoring
+    rewards: list[Any] = field(default_factory=list)  # parts of a multi reward
+
+
+@dataclass
+class VideoConfig:
+    save_video: bool = False
+    video_base_dir: str = ""
+    fps: int = 8
+
+
+@dataclass
+class EnvSplitConfig:
+    total_num_envs: int = 16
+    rollout_epoch: int = 1
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    video_cfg: VideoConfig = field(default_factory=VideoConfig)
+
+
+@dataclass
+class EnvConfig:
+    train: EnvSplitConfig = field(default_factory=EnvSplitConfig)
+    eval: EnvSplitConfig = field(default_factory=lambda: EnvSplitConfig(dataset=DatasetConfig(split="test")))
+
+
+# ----------------------------------------------------------------------------------------------- actor
+
+
+@dataclass
+class FamilyConfig:
+    """Settings of one model family (``actor.model.<model_type>``)."""
+
+    resolution: Any = 512  # int (square) or [height, width]
+    num_frames: int = 1  # video families: 4k + 1; 1 = image
+    num_steps: int = 10
+    eval_num_steps: int = 40
+    guidance_scale: float = 1.0
+    eval_guidance_scale: float = 1.0
+    negative_prompt: str = ""
+    train_sampler: str = "dpm2"  # euler | dpm2
+    eval_sampler: str = "euler"
+    shift: float = 3.0  # SD3-style sigma shift of the sampling schedule
+    max_sequence_length: int = 256
+    condition_mode: str = "t2v"
+    use_lora: bool = True
+    lora_rank: int = 32
+    lora_alpha: int = 64
+    lora_path: str = ""
+    gradient_checkpointing: bool = False
+    # free text encoders after prompts are encoded and move the VAE to host memory between decodes
+    offload_text_encoder: bool = False
+    offload_vae: bool = False
+
+
+@dataclass
+class ModelConfig:
+    model_path: str = ""
+    model_type: str = "tiny"
+    precision: str = "bf16"  # bf16 | fp16 | fp32
+    device: str = "auto"  # auto | cpu | cuda | npu
+    tiny: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(
+            resolution=[32, 96], num_steps=10, eval_num_steps=10, train_sampler="euler", shift=1.0,
+            lora_rank=16, lora_alpha=16, max_sequence_length=8,
+        )
+    )
+    sd3: FamilyConfig = field(default_factory=lambda: FamilyConfig(resolution=512, max_sequence_length=256))
+    wan22_ti2v_5b: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=[704, 1280], shift=5.0, max_sequence_length=512)
+    )
+    qwen_image: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=512, lora_rank=64, lora_alpha=128, max_sequence_length=512)
+    )
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "adamw"
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    lr_scheduler: str = "constant"  # constant | cosine | linear
+    lr_warmup_steps: int = 0
+
+
+@dataclass
+class ActorConfig:
+    micro_batch_size: int = 4
+    global_batch_size: int = 64
+    seed: int = 42
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class RecipeConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)

@@ -1,0 +1,184 @@
+"""Networks and on-disk layout of the ``tiny`` model family (torch + diffusers only, no other rlrunner imports).
+
+The tiny family is a grayscale pixel-space rectified-flow model that renders short strings at 32x96 so that a
+laptop (or CI) can watch DiffusionNFT raise an OCR reward without a GPU or downloaded weights:
+
+* :class:`CharTextEncoder` turns the quoted target text of a prompt into one embedding per character *slot*
+  (character embedding + slot position embedding + one small transformer layer), ``[B, L, D]``. Slot ``i``
+  is always the ``i``-th character, so the denoiser can learn "pixel column ↔ slot" through cross-attention.
+* the denoiser is a stock diffusers :class:`~diffusers.UNet2DConditionModel` at tiny size whose input is the
+  noisy image plus two fixed coordinate channels (x and y in [-1, 1]): a 2-D pixel position signal that the
+  convolutions alone would not have. :func:`tiny_velocity` is the one place that adds them.
+
+Folder layout written by :func:`save_tiny_components` (``save_pretrained`` of each part, safetensors)::
+
+    model_index.json      class names + the rlrunner settings (resolution, alphabet, coordinate channels)
+    unet/                 UNet2DConditionModel
+    text_encoder/         CharTextEncoder
+    README.md             model card (written by scripts/pretrain_tiny.py)
+
+The pretraining script imports this module directly, so it runs before/without the rest of rlrunner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+from diffusers import ConfigMixin, ModelMixin, UNet2DConditionModel
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+
+#: digits without 0 and 1 (the OCR engine confuses them with O / I)
+DEFAULT_ALPHABET = "23456789"
+PAD_ID, UNK_ID = 0, 1
+MODEL_INDEX = "model_index.json"
+NUM_COORD_CHANNELS = 2
+
+
+def target_text(prompt: str) -> str:
+    """The first double-quoted span of ``prompt`` (the whole prompt if it has none), spaces removed."""
+    parts = prompt.split('"')
+    text = parts[1] if len(parts) >= 3 else prompt
+    return text.replace(" ", "")
+
+
+class CharTextEncoder(ModelMixin, ConfigMixin):
+    """Character-level text encoder: ``token ids [B, L] -> embeddings [B, L, dim]``.
+
+    Args:
+        alphabet: the characters with their own embedding (ids ``2..``); anything else is ``<unk>`` (id 1),
+            an empty slot is ``<pad>`` (id 0). Upper/lower case are folded with :meth:`str.upper`.
+        max_length: number of character slots ``L``; longer texts are cut.
+        dim: embedding width ``D`` (the UNet's ``cross_attention_dim``).
+        num_layers: transformer encoder layers over the slots (0 = plain character + position embeddings).
+        num_heads: attention heads of those layers.
+    """
+
+    @register_to_config
+    def __init__(self, alphabet: str = DEFAULT_ALPHABET, max_length: int = 8, dim: int = 64, num_layers: int = 1,
+                 num_heads: int = 4) -> None:
+        super().__init__()
+        self.char_emb = nn.Embedding(len(alphabet) + 2, dim)
+        self.pos_emb = nn.Parameter(torch.randn(max_length, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, num_heads, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.layers = nn.ModuleList([layer] + [_clone(layer) for _ in range(num_layers - 1)]) if num_layers else []
+        self.norm = nn.LayerNorm(dim)
+        self._char_to_id = {c: i + 2 for i, c in enumerate(alphabet.upper())}
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        """Character ids of ``texts`` (already the target strings): int64 ``[B, max_length]`` on CPU."""
+        ids = torch.full((len(texts), self.config.max_length), PAD_ID, dtype=torch.long)
+        for row, text in enumerate(texts):
+            for col, char in enumerate(text.upper()[: self.config.max_length]):
+                ids[row, col] = self._char_to_id.get(char, UNK_ID)
+        return ids
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: int64 ``[B, L]`` with ``L <= max_length``. Returns ``[B, L, dim]``."""
+        h = self.char_emb(ids) + self.pos_emb[: ids.shape[1]].to(self.char_emb.weight.dtype)
+        for layer in self.layers:
+            h = layer(h)
+        return self.norm(h)
+
+    def encode(self, prompts: list[str]) -> torch.Tensor:
+        """Prompts -> slot embeddings ``[B, max_length, dim]`` (the quoted span of each prompt is the text)."""
+        ids = self.tokenize([target_text(p) for p in prompts]).to(self.char_emb.weight.device)
+        return self.forward(ids)
+
+
+def _clone(layer: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(layer)
+
+
+def build_tiny_unet(resolution: tuple[int, int] = (32, 96), channels: tuple[int, ...] = (32, 64, 96),
+                    cross_attention_dim: int = 64, heads: int = 4) -> UNet2DConditionModel:
+    """A tiny UNet2DConditionModel: 1 noisy channel + 2 coordinate channels in, 1 velocity channel out.
+
+    The first level is convolution-only (cheap at full resolution); the lower levels and the mid block carry
+    cross-attention to the character slots. ``only_cross_attention`` drops the costly self-attention over
+    pixels (the convolutions already mix neighbours).
+    """
+    n = len(channels)
+    return UNet2DConditionModel(
+        sample_size=tuple(resolution),
+        in_channels=1 + NUM_COORD_CHANNELS,
+        out_channels=1,
+        down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * (n - 1),
+        up_block_types=("CrossAttnUpBlock2D",) * (n - 1) + ("UpBlock2D",),
+        block_out_channels=tuple(channels),
+        layers_per_block=1,
+        norm_num_groups=8,
+        cross_attention_dim=cross_attention_dim,
+        attention_head_dim=heads,
+        only_cross_attention=True,
+        act_fn="silu",
+    )
+
+
+def coord_channels(batch: int, height: int, width: int, *, device: torch.device | str | None = None,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Fixed pixel coordinates ``[B, 2, H, W]``: channel 0 = x, channel 1 = y, both in [-1, 1]."""
+    ys = torch.linspace(-1.0, 1.0, height, device=device, dtype=dtype)
+    xs = torch.linspace(-1.0, 1.0, width, device=device, dtype=dtype)
+    grid = torch.stack([xs[None, :].expand(height, width), ys[:, None].expand(height, width)])
+    return grid[None].expand(batch, -1, -1, -1)
+
+
+def tiny_velocity(unet: nn.Module, x_t: torch.Tensor, t: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+    """Velocity ``v = eps - x0`` predicted at ``x_t``.
+
+    Args:
+        unet: the tiny UNet (possibly LoRA-wrapped).
+        x_t: noisy images ``[B, 1, H, W]`` in the model dtype.
+        t: sigmas ``[B]`` in [0, 1] (1 = pure noise); the UNet sees ``1000 * t`` as its timestep.
+        text_emb: character slot embeddings ``[B, L, D]``.
+    Returns:
+        ``[B, 1, H, W]``.
+    """
+    b, _, h, w = x_t.shape
+    inp = torch.cat([x_t, coord_channels(b, h, w, device=x_t.device, dtype=x_t.dtype)], dim=1)
+    return unet(inp, t.to(x_t.dtype) * 1000.0, encoder_hidden_states=text_emb.to(x_t.dtype)).sample
+
+
+def save_tiny_components(path: str, unet: UNet2DConditionModel, text_encoder: CharTextEncoder,
+                         extra: dict[str, Any] | None = None) -> None:
+    """Write the diffusers-style folder (``unet/``, ``text_encoder/``, ``model_index.json``) to ``path``."""
+    os.makedirs(path, exist_ok=True)
+    unet.save_pretrained(os.path.join(path, "unet"), safe_serialization=True)
+    text_encoder.save_pretrained(os.path.join(path, "text_encoder"), safe_serialization=True)
+    index = {
+        "_class_name": "TinyFlowModel",
+        "_rlrunner_family": "tiny",
+        "unet": ["diffusers", "UNet2DConditionModel"],
+        "text_encoder": ["rlrunner.models.tiny_text", "CharTextEncoder"],
+        "resolution": list(unet.config.sample_size),
+        "alphabet": text_encoder.config.alphabet,
+        "coord_channels": NUM_COORD_CHANNELS,
+        "prediction": "flow velocity v = eps - x0, x_t = (1 - t) x0 + t eps, timestep = 1000 t",
+        "pixel_range": [-1.0, 1.0],
+    }
+    index.update(extra or {})
+    with open(os.path.join(path, MODEL_INDEX), "w") as f:
+        json.dump(index, f, indent=2)
+
+
+def load_tiny_components(path: str) -> tuple[UNet2DConditionModel, CharTextEncoder, dict[str, Any]]:
+    """Read a folder written by :func:`save_tiny_components`; errors name the missing file."""
+    index_file = os.path.join(path, MODEL_INDEX)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tiny model folder {path!r} does not exist; set actor.model.model_path to a folder "
+                                f"made by scripts/pretrain_tiny.py (shipped: examples/diffusion/models/tiny-ocr-flow)")
+    for needed in (index_file, os.path.join(path, "unet"), os.path.join(path, "text_encoder")):
+        if not os.path.exists(needed):
+            raise FileNotFoundError(f"{needed!r} is missing: {path!r} is not a tiny model folder (expected "
+                                    f"{MODEL_INDEX}, unet/ and text_encoder/ as written by scripts/pretrain_tiny.py)")
+    with open(index_file) as f:
+        index = json.load(f)
+    unet = UNet2DConditionModel.from_pretrained(os.path.join(path, "unet"))
+    text_encoder = CharTextEncoder.from_pretrained(os.path.join(path, "text_encoder"))
+    return unet, text_encoder, index

@@ -1,0 +1,41 @@
+# Sourced by the launcher and the test script: picks the Python that runs rlrunner and exports it as $PY.
+#
+# 1. The current environment (`python3`, or $PYTHON) when rlrunner's requirements import there, e.g. a GPU
+#    user's own environment with CUDA torch and PaddleOCR.
+# 2. Otherwise the project-local virtual environment .venv, created from requirements/ on first use and
+#    brought up to date whenever a requirements file changes.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+RLRUNNER_REQS=("$ROOT/requirements/core.txt" "$ROOT/requirements/dev.txt")
+# Modules the runner and the test suite need; an OCR engine is either RapidOCR (CPU) or PaddleOCR (GPU).
+RLRUNNER_PROBE='import torch, diffusers, peft, transformers, omegaconf, ray, tensorboard, PIL, imageio, Levenshtein, pytest
+try:
+    import rapidocr
+except ImportError:
+    import paddleocr'
+
+rlrunner_env_ok() { "$1" -c "$RLRUNNER_PROBE" >/dev/null 2>&1; }
+
+rlrunner_pick_python() {
+    local candidate="${PYTHON:-python3}" venv="$ROOT/.venv" stamp
+    stamp="$(cat "${RLRUNNER_REQS[@]}" | sha256sum | cut -c1-16)"
+    if [ ! -x "$venv/bin/python" ] && command -v "$candidate" >/dev/null && rlrunner_env_ok "$candidate"; then
+        PY="$(command -v "$candidate")"
+        return 0
+    fi
+    if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.requirements-stamp" 2>/dev/null)" = "$stamp" ]; then
+        PY="$venv/bin/python"
+        return 0
+    fi
+    if [ -x "$venv/bin/python" ]; then
+        echo "rlrunner: requirements changed; updating $venv" >&2
+    else
+        echo "rlrunner: $candidate lacks rlrunner's requirements; creating $venv from requirements/ (first run only, a few minutes)" >&2
+        python3 -m venv "$venv" || { echo "rlrunner: could not create $venv (is python3-venv installed?)" >&2; return 1; }
+    fi
+    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2 &&
+        "$venv/bin/python" -m pip install --quiet "${RLRUNNER_REQS[@]/#/-r}" >&2 ||
+        { echo "rlrunner: pip install into $venv failed (see above)" >&2; return 1; }
+    echo "$stamp" > "$venv/.requirements-stamp"
+    PY="$venv/bin/python"
+}
