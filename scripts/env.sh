@@ -7,6 +7,7 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 RLRUNNER_REQS=("$ROOT/requirements/core.txt" "$ROOT/requirements/dev.txt")
+RLRUNNER_REQ_FILES=("$ROOT/requirements/core.txt" "$ROOT/requirements/common.txt" "$ROOT/requirements/dev.txt")
 # Modules the runner and the test suite need; an OCR engine is either RapidOCR (CPU) or PaddleOCR (GPU).
 RLRUNNER_PROBE='import torch, diffusers, peft, transformers, omegaconf, ray, tensorboard, PIL, imageio, Levenshtein, pytest
 try:
@@ -18,7 +19,7 @@ rlrunner_env_ok() { "$1" -c "$RLRUNNER_PROBE" >/dev/null 2>&1; }
 
 rlrunner_pick_python() {
     local candidate="${PYTHON:-python3}" venv="$ROOT/.venv" stamp
-    stamp="$(cat "${RLRUNNER_REQS[@]}" | sha256sum | cut -c1-16)"
+    stamp="$(cat "${RLRUNNER_REQ_FILES[@]}" | sha256sum | cut -c1-16)"
     if [ ! -x "$venv/bin/python" ] && command -v "$candidate" >/dev/null && rlrunner_env_ok "$candidate"; then
         PY="$(command -v "$candidate")"
         return 0

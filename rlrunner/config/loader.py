@@ -18,6 +18,9 @@ from rlrunner.config.schema import RecipeConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
 DEFAULT_RECIPE = "tiny_nft_ocr"
+# mappings that a recipe or override states whole: merging {"actor": "0-3", ...} into the default
+# {"actor,env,rollout": "all"} would place every component twice
+REPLACED_NOT_MERGED = ("cluster.component_placement",)
 
 
 class RecipeError(ValueError):
@@ -64,15 +67,23 @@ def _closest_key_hint(schema: DictConfig, full_key: str) -> str:
     return ""
 
 
+def _expected_type(schema: DictConfig, full_key: str) -> str:
+    """The schema's declared type of ``full_key`` (e.g. ``int``, ``Optional[float]``)."""
+    parent_key, _, leaf = full_key.rpartition(".")
+    parent = OmegaConf.select(schema, parent_key) if parent_key else schema
+    node = parent._get_node(leaf) if isinstance(parent, DictConfig) else None
+    ref = node._metadata.ref_type if node is not None else None
+    return getattr(ref, "__name__", None) or str(ref).replace("typing.", "")
+
+
 def _describe_omegaconf_error(err: OmegaConfBaseException, schema: DictConfig, source: str) -> RecipeError:
     key = getattr(err, "full_key", None) or ""
     if isinstance(err, ConfigKeyError) or "not in struct" in str(err) or "Key '" in str(err) and "not" in str(err):
         return RecipeError(f"{source}: unknown key {key!r}{_closest_key_hint(schema, key)}")
     if isinstance(err, ValidationError):
         value = getattr(err, "value", None)
-        ref = getattr(err, "ref_type", None)
-        expected = getattr(ref, "__name__", None) or str(ref)
-        return RecipeError(f"{source}: key {key!r} has value {value!r} of the wrong type; expected {expected}")
+        return RecipeError(f"{source}: key {key!r} has value {value!r} of the wrong type; expected "
+                           f"{_expected_type(schema, key)}")
     return RecipeError(f"{source}: {key or ''} {str(err).splitlines()[0]}".strip())
 
 
@@ -106,6 +117,10 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
     for source, layer in ((str(path), recipe), ("command-line override", parse_overrides(overrides or []))):
         try:
             cfg = OmegaConf.merge(cfg, layer)
+            for key in REPLACED_NOT_MERGED:
+                value = OmegaConf.select(layer, key, default=None)
+                if value is not None:
+                    OmegaConf.update(cfg, key, value, merge=False)
         except OmegaConfBaseException as err:
             raise _describe_omegaconf_error(err, schema, source) from None
     try:

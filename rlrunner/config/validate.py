@@ -155,6 +155,13 @@ def validate(cfg: DictConfig, base_dir: Path) -> None:
     try:
         placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
                                     detect_devices_per_node(cfg.cluster))
-    except ValueError as err:
-        _fail(f"cluster.component_placement: {err}")
+    except (ValueError, TypeError) as err:
+        _fail(str(err))
     _check_batches(cfg, placement.num_workers("actor"))
+    prompts_per_epoch = cfg.env.train.total_num_envs // cfg.algorithm.group_size
+    if prompts_per_epoch % placement.num_workers("rollout"):
+        _fail(f"env.train.total_num_envs / algorithm.group_size = {prompts_per_epoch} prompts per rollout epoch "
+              f"cannot be shared evenly by {placement.num_workers('rollout')} rollout workers")
+    if cfg.env.eval.total_num_envs % placement.num_workers("rollout"):
+        _fail(f"env.eval.total_num_envs={cfg.env.eval.total_num_envs} cannot be shared evenly by "
+              f"{placement.num_workers('rollout')} rollout workers")

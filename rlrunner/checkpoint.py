@@ -1,0 +1,121 @@
+"""Checkpoints that resume a run exactly: adapters, EMA, optimizer, scheduler, RNG and sampler states.
+
+Layout of ``<log_dir>/checkpoints/global_step_N/``::
+
+    manifest.json                 written last; a directory without it is not a checkpoint
+    config.yaml                   the resolved recipe
+    runner.pt                     global step, prompt-sampler states, driver RNG
+    actor/rank_<r>.pt             per data-parallel rank: both adapters, optimizer, LR scheduler, RNG
+    adapter/                      the trained adapter in diffusers' LoRA format (pipe.load_lora_weights)
+    adapter_ema/                  the EMA adapter, same format
+
+Everything is written to ``global_step_N.tmp`` and renamed when complete, so a crash mid-write leaves the
+previous checkpoint as the newest valid one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names what is missing or mismatched."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"global_step_{step}"
+
+
+def save_checkpoint(root: Path, step: int, *, runner_state: dict[str, Any], actor_states: list[dict[str, Any]],
+                    config_yaml: str, model_info: dict[str, Any], write_adapters: Callable[[Path], None],
+                    keep_last_n: int = 0) -> Path:
+    """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last_n`` (0 keeps all)."""
+    final = step_dir(root, step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "actor").mkdir(parents=True)
+    (tmp / "config.yaml").write_text(config_yaml)
+    torch.save(runner_state, tmp / "runner.pt")
+    for rank, state in enumerate(actor_states):
+        torch.save(state, tmp / "actor" / f"rank_{rank}.pt")
+    write_adapters(tmp)
+    manifest = {"format_version": FORMAT_VERSION, "global_step": step, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "actor_world_size": len(actor_states), **model_info}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    if final.exists():  # a re-save of the same step (e.g. after resuming from it) replaces it
+        shutil.rmtree(final)
+    tmp.rename(final)
+    if keep_last_n > 0:
+        for old in complete_checkpoints(root)[:-keep_last_n]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root`` (one run's ``checkpoints/``), oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / MANIFEST).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_resume_dir(resume_dir: str, log_root: Path, run_name: str) -> Path:
+    """``global_step_N`` dir as given; a run's log dir → its newest checkpoint; ``auto`` → the newest complete
+    checkpoint of any run named ``*-<run_name>`` under ``log_root``."""
+    if resume_dir == "auto":
+        candidates = [c for run in log_root.glob(f"*-{run_name}") for c in complete_checkpoints(run / "checkpoints")]
+        if not candidates:
+            raise CheckpointError(f"runner.resume_dir=auto: no complete checkpoint under {log_root}/*-{run_name}/"
+                                  f"checkpoints")
+        return max(candidates, key=lambda p: (json.loads((p / MANIFEST).read_text())["created"], p.stat().st_mtime))
+    path = Path(resume_dir).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"runner.resume_dir={resume_dir!r} does not exist")
+    if STEP_DIR.match(path.name) or path.name.endswith(".tmp"):
+        return path
+    ckpts = complete_checkpoints(path / "checkpoints") or complete_checkpoints(path)
+    if not ckpts:
+        raise CheckpointError(f"runner.resume_dir={resume_dir!r} holds no complete checkpoint (global_step_N with "
+                              f"{MANIFEST})")
+    return ckpts[-1]
+
+
+def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: int) -> dict[str, Any]:
+    """Read and check a checkpoint; returns ``{"manifest", "runner", "actor": [per-rank states]}``."""
+    if not (path / MANIFEST).is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint: {MANIFEST} is missing (interrupted save?); "
+                              f"use an earlier global_step_N or runner.resume_dir=auto")
+    manifest = json.loads((path / MANIFEST).read_text())
+    for key, expected in model_info.items():
+        if manifest.get(key) != expected:
+            raise CheckpointError(f"checkpoint {path} was made with {key}={manifest.get(key)!r}, this recipe has "
+                                  f"{key}={expected!r}; resume with the same model and LoRA settings")
+    if manifest["actor_world_size"] != actor_world_size:
+        raise CheckpointError(f"checkpoint {path} has {manifest['actor_world_size']} actor rank(s), the placement "
+                              f"gives {actor_world_size}; resume with the same actor placement")
+    missing = [name for name in ["runner.pt", *(f"actor/rank_{r}.pt" for r in range(actor_world_size))]
+               if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is missing {missing}")
+    actor = [torch.load(path / "actor" / f"rank_{r}.pt", weights_only=False) for r in range(actor_world_size)]
+    for rank, state in enumerate(actor):
+        if "ema" not in state["adapters"]:
+            logger.warning("checkpoint %s rank %d has no EMA adapter: EMA restarts from the trained adapter, so "
+                           "this resume is NOT exact", path, rank)
+            state["adapters"]["ema"] = dict(state["adapters"]["default"])
+    return {"manifest": manifest, "runner": torch.load(path / "runner.pt", weights_only=False), "actor": actor}

@@ -1,0 +1,202 @@
+"""The interface every backend implements: a Cluster spawns WorkerGroups; the driver calls groups.
+
+Single controller: only the driver calls worker groups, workers never call each other. A worker class is a
+plain Python class whose public methods are its whole remote surface; its constructor is called as
+``worker_cls(*args, rank=i, world_size=n, **kwargs)`` with one worker per device.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+from typing_extensions import Self
+
+from rlrunner.cluster.placement import Placement, format_devices
+
+
+class WorkerError(RuntimeError):
+    """A worker failed: it raised, died, or did not answer in time.
+
+    The message names the role, rank, node IP and the underlying error (with the worker's traceback text
+    when it raised). The parts are kept as attributes for programmatic use.
+    """
+
+    def __init__(self, role: str, rank: int, node_ip: str, what: str, detail: str = "") -> None:
+        self.role, self.rank, self.node_ip, self.what, self.detail = role, rank, node_ip, what, detail
+        message = f"{role} worker rank {rank} on {node_ip} {what}"
+        super().__init__(f"{message}:\n{detail.rstrip()}" if detail else message)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.role, self.rank, self.node_ip, self.what, self.detail)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a traceback: the exception type and message."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class PendingCall(abc.ABC):
+    """The results of a call that is (or will be) running on every rank of a group."""
+
+    @abc.abstractmethod
+    def get(self, timeout_s: float | None = None) -> list[Any]:
+        """Block until every rank has answered; one result per rank, in rank order.
+
+        Args:
+            timeout_s: seconds to wait; None uses ``cluster.worker_timeout_s``.
+
+        Raises:
+            WorkerError: the first rank that raised, died or timed out.
+        """
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """True when every rank has answered (``get`` would not block)."""
+
+
+class WorkerGroup(abc.ABC):
+    """The workers of one role, one per device, called together."""
+
+    def __init__(self, role: str, devices: tuple[int, ...], node_ips: Sequence[str]) -> None:
+        self.role = role
+        self.devices = tuple(devices)
+        self.node_ips = tuple(node_ips)
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers (ranks) in the group."""
+        return len(self.devices)
+
+    def __len__(self) -> int:
+        return self.world_size
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(role={self.role!r}, devices={format_devices(self.devices)!r})"
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method(*args, **kwargs)`` on every rank and wait; returns one result per rank."""
+        return self.call_async(method, *args, **kwargs).get()
+
+    def scatter(
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None
+    ) -> list[Any]:
+        """Call ``method(*per_rank_args[i], **per_rank_kwargs[i])`` on rank ``i`` and wait for all ranks."""
+        return self.scatter_async(method, per_rank_args, per_rank_kwargs).get()
+
+    def call_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on one rank only (e.g. rank 0 saves a checkpoint) and wait for its result."""
+        return self.call_rank_async(rank, method, *args, **kwargs).get()[0]
+
+    @abc.abstractmethod
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        """Start ``method(*args, **kwargs)`` on every rank; ``.get()`` waits for the results."""
+
+    @abc.abstractmethod
+    def scatter_async(
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None
+    ) -> PendingCall:
+        """Start ``method`` on every rank with per-rank arguments; ``.get()`` waits for the results."""
+
+    @abc.abstractmethod
+    def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        """Start ``method`` on rank ``rank`` only; ``.get()`` returns a one-element list."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the group's workers and free their devices (idempotent)."""
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{self.role} has ranks 0..{self.world_size - 1}, got rank {rank}")
+
+    def _per_rank(
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None
+    ) -> list[tuple[tuple, dict]]:
+        """Validate scatter arguments: one tuple of args (and optionally one dict of kwargs) per rank."""
+        kwargs_list = list(per_rank_kwargs) if per_rank_kwargs is not None else [{}] * self.world_size
+        for name, items in (("per_rank_args", per_rank_args), ("per_rank_kwargs", kwargs_list)):
+            if len(items) != self.world_size:
+                raise ValueError(
+                    f"{self.role}.{method}: {name} has {len(items)} entries for {self.world_size} ranks; "
+                    f"give exactly one per rank"
+                )
+        for rank, args in enumerate(per_rank_args):
+            if not isinstance(args, tuple):
+                raise TypeError(
+                    f"{self.role}.{method}: per_rank_args[{rank}] must be a tuple of arguments, got "
+                    f"{type(args).__name__} (write (x,) for a single argument)"
+                )
+        return [(tuple(a), dict(k)) for a, k in zip(per_rank_args, kwargs_list)]
+
+
+class Cluster(abc.ABC):
+    """Where workers run. Create with :func:`rlrunner.cluster.create_cluster`; use as a context manager."""
+
+    def __init__(self, placement: Placement, device_type: str, worker_timeout_s: float) -> None:
+        self.placement = placement
+        self.device_type = device_type
+        self.worker_timeout_s = float(worker_timeout_s)
+        self._groups: list[WorkerGroup] = []
+        self._closed = False
+
+    @abc.abstractmethod
+    def spawn(self, role: str, worker_cls: type, devices: tuple[int, ...], *args: Any, **kwargs: Any) -> WorkerGroup:
+        """Start one ``worker_cls`` per device in ``devices``.
+
+        Each worker is built as ``worker_cls(*args, rank=i, world_size=len(devices), **kwargs)`` after its
+        torch.distributed env vars are set. Returns once every constructor has finished.
+
+        Raises:
+            WorkerError: a constructor raised, a worker died, or construction took longer than
+                ``cluster.worker_timeout_s``.
+        """
+
+    def spawn_component(self, role: str, worker_cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
+        """``spawn`` on the devices the placement gives ``role`` (one of actor, env, rollout)."""
+        return self.spawn(role, worker_cls, self.placement.devices_of(role), *args, **kwargs)
+
+    @property
+    def groups(self) -> tuple[WorkerGroup, ...]:
+        """Groups spawned and not yet shut down."""
+        return tuple(self._groups)
+
+    def shutdown(self) -> None:
+        """Stop every worker and release the cluster's resources (idempotent, safe after Ctrl-C)."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in reversed(list(self._groups)):
+            group.shutdown()
+        self._groups.clear()
+        self._release()
+
+    def _release(self) -> None:
+        """Backend-specific clean-up after all groups are stopped."""
+
+    def _forget(self, group: WorkerGroup) -> None:
+        """Called by a group that shut itself down."""
+        if group in self._groups:
+            self._groups.remove(group)
+
+    def _check_spawn(self, role: str, worker_cls: type, devices: tuple[int, ...]) -> tuple[int, ...]:
+        if self._closed:
+            raise RuntimeError("the cluster is shut down; create a new one")
+        if not isinstance(worker_cls, type):
+            raise TypeError(f"spawn({role!r}): worker_cls must be a class, got {type(worker_cls).__name__}")
+        devices = tuple(int(d) for d in devices)
+        if not devices:
+            raise ValueError(f"spawn({role!r}): no devices given")
+        if len(set(devices)) != len(devices):
+            raise ValueError(f"spawn({role!r}): devices {devices} repeat a device; one worker per device")
+        for d in devices:
+            self.placement.node_of(d)
+        return devices
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,107 @@
+"""torch.distributed set-up for the data-parallel workers of one group. No Ray here.
+
+The cluster backend gives every worker of a group the usual env vars before its constructor runs
+(``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``); a worker
+that averages gradients calls :func:`init_distributed` in its constructor and :func:`all_reduce_mean` after
+backward. Under Ray each worker sees only its own accelerator, as device 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# device kind -> torch.distributed backend
+DIST_BACKENDS: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+
+# set by the in-process ("local") backend: all ranks share one process, so no process group can form
+IN_PROCESS_ENV = "RLRUNNER_IN_PROCESS"
+
+
+def find_free_port() -> int:
+    """A TCP port that is free on this machine right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_env(
+    rank: int, world_size: int, local_rank: int, local_world_size: int, master_addr: str, master_port: int
+) -> dict[str, str]:
+    """The env vars a worker of a data-parallel group gets before its constructor runs."""
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+    }
+
+
+def init_distributed(rank: int, world_size: int, device_type: str, timeout_s: float = 600.0) -> bool:
+    """Join the group's default process group (gloo on CPU, nccl on CUDA, hccl on NPU).
+
+    Reads ``MASTER_ADDR`` / ``MASTER_PORT`` from the environment (set by the cluster backend). All ranks
+    must call it at the same time, e.g. from their constructors.
+
+    Args:
+        rank: this worker's rank in ``0 .. world_size - 1``.
+        world_size: number of workers in the group; 1 makes this a no-op.
+        device_type: ``"cpu"``, ``"cuda"`` or ``"npu"``.
+        timeout_s: how long collectives (and the rendezvous) wait for the other ranks.
+
+    Returns:
+        True when a process group is (now) initialised, False for ``world_size == 1``.
+    """
+    if device_type not in DIST_BACKENDS:
+        raise ValueError(f"unknown device type {device_type!r}; valid: {', '.join(DIST_BACKENDS)}")
+    if world_size <= 1:
+        return False
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    if os.environ.get(IN_PROCESS_ENV):
+        raise RuntimeError(
+            f"init_distributed(world_size={world_size}) under the in-process 'local' backend: all ranks share "
+            "one process, so torch.distributed cannot form a group; use cluster.backend=ray or one device"
+        )
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise RuntimeError(
+                f"a process group (rank {dist.get_rank()} of {dist.get_world_size()}) already exists; "
+                f"asked for rank {rank} of {world_size}"
+            )
+        return True
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        raise ValueError(
+            f"init_distributed needs env vars {', '.join(missing)}; spawn workers through rlrunner.cluster"
+        )
+    if device_type == "cuda":
+        torch.cuda.set_device(_local_device_index(torch.cuda.device_count()))
+    elif device_type == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu and the hccl backend)
+
+        torch.npu.set_device(_local_device_index(torch.npu.device_count()))
+    dist.init_process_group(
+        backend=DIST_BACKENDS[device_type], rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+    )
+    return True
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """Average ``tensor`` over the group in place (no-op without a process group); returns it."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor.div_(dist.get_world_size())
+    return tensor
+
+
+def _local_device_index(visible: int) -> int:
+    """``LOCAL_RANK`` when this process sees all devices of its node, else 0 (Ray shows each worker one)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return local_rank if local_rank < visible else 0

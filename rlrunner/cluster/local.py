@@ -1,0 +1,123 @@
+"""The in-process backend (``cluster.backend: local``): workers are plain objects in the driver's process.
+
+Same calls as the Ray backend, no serialization. Calls run eagerly and in rank order when they are made
+(``call_async`` returns an already finished :class:`PendingCall`), so runs are deterministic and a debugger
+steps straight into worker code. All ranks share one process, so ``init_distributed`` with more than one
+rank refuses to run here.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, last_line
+from rlrunner.cluster.distributed import IN_PROCESS_ENV, find_free_port, worker_env
+from rlrunner.cluster.placement import Placement, parse_placement
+from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
+
+LOCAL_IP = "127.0.0.1"
+
+
+class LocalPendingCall(PendingCall):
+    """A finished call: the results, or the first rank's error."""
+
+    def __init__(self, results: list[Any], error: WorkerError | None = None) -> None:
+        self._results = results
+        self._error = error
+
+    def get(self, timeout_s: float | None = None) -> list[Any]:
+        if self._error is not None:
+            raise self._error
+        return list(self._results)
+
+    def done(self) -> bool:
+        return True
+
+
+class LocalWorkerGroup(WorkerGroup):
+    """Workers of one role living in the driver's process."""
+
+    def __init__(self, cluster: LocalCluster, role: str, devices: tuple[int, ...], workers: list[Any]) -> None:
+        super().__init__(role, devices, [LOCAL_IP] * len(devices))
+        self._cluster = cluster
+        self.workers = workers  # the worker objects themselves, for tests and debugging
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        return self._run(method, [(rank, args, kwargs) for rank in range(self.world_size)])
+
+    def scatter_async(
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None
+    ) -> PendingCall:
+        per_rank = self._per_rank(method, per_rank_args, per_rank_kwargs)
+        return self._run(method, [(rank, a, k) for rank, (a, k) in enumerate(per_rank)])
+
+    def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        self._check_rank(rank)
+        return self._run(method, [(rank, args, kwargs)])
+
+    def shutdown(self) -> None:
+        self.workers = []
+        self._cluster._forget(self)
+
+    def _run(self, method: str, calls: list[tuple[int, tuple, dict]]) -> PendingCall:
+        if not self.workers:
+            raise RuntimeError(f"the {self.role} group is shut down")
+        results = []
+        for rank, args, kwargs in calls:
+            fn = getattr(self.workers[rank], method, None)
+            if fn is None or not callable(fn) or method.startswith("_"):
+                raise AttributeError(f"{type(self.workers[rank]).__name__} has no public method {method!r}")
+            try:
+                results.append(fn(*args, **kwargs))
+            except Exception as exc:  # noqa: BLE001  (reported as WorkerError, like the Ray backend)
+                text = traceback.format_exc()
+                error = WorkerError(self.role, rank, LOCAL_IP, f"raised in {method!r}: {last_line(text)}", text)
+                error.__cause__ = exc
+                return LocalPendingCall([], error)
+        return LocalPendingCall(results)
+
+
+class LocalCluster(Cluster):
+    """Runs every worker in this process. For tests and debugging; the placement is checked but not enforced."""
+
+    def __init__(self, cluster_cfg: Any, placement: Placement | None = None) -> None:
+        if placement is None:
+            n_per_node = detect_devices_per_node(cluster_cfg)
+            placement = parse_placement(cluster_cfg.component_placement, cluster_cfg.num_nodes, n_per_node)
+        super().__init__(placement, detect_device_type(), getattr(cluster_cfg, "worker_timeout_s", 1800.0))
+
+    def spawn(self, role: str, worker_cls: type, devices: tuple[int, ...], *args: Any, **kwargs: Any) -> WorkerGroup:
+        devices = self._check_spawn(role, worker_cls, devices)
+        world_size, port = len(devices), find_free_port()
+        workers = []
+        for rank in range(world_size):
+            env = worker_env(rank, world_size, rank, world_size, LOCAL_IP, port)
+            with _environ({**env, IN_PROCESS_ENV: "1"}):
+                try:
+                    workers.append(worker_cls(*args, rank=rank, world_size=world_size, **kwargs))
+                except Exception as exc:  # reported as WorkerError, like the Ray backend
+                    text = traceback.format_exc()
+                    what = f"raised in '{worker_cls.__name__}.__init__': {last_line(text)}"
+                    raise WorkerError(role, rank, LOCAL_IP, what, text) from exc
+        group = LocalWorkerGroup(self, role, devices, workers)
+        self._groups.append(group)
+        return group
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """Set env vars for the duration of a block, then restore the previous values."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old

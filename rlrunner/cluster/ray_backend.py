@@ -1,0 +1,337 @@
+"""The Ray backend (``cluster.backend: ray``): one placement group, one Ray actor per worker.
+
+Every device of the placement is one bundle of the placement group -- ``{"GPU": 1, "CPU": c}`` on GPUs,
+``{"NPU": 1, "CPU": c}`` on Ascend, ``{"CPU": c}`` without accelerators, where ``c = cpus_per_worker`` times
+the number of components collocated on that device. Collocated workers share their device's bundle, each
+with an equal fractional share of the accelerator. Workers are plain classes: each runs inside a generic
+host actor (:class:`_WorkerHost`) that sets its torch.distributed env vars before calling its constructor.
+Ray is imported lazily, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, last_line
+from rlrunner.cluster.distributed import find_free_port, worker_env
+from rlrunner.cluster.placement import Placement, format_devices, parse_placement
+from rlrunner.cluster.resources import RAY_RESOURCE, detect_device_type, detect_devices_per_node
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
+
+
+class _WorkerHost:
+    """Body of every Ray actor: holds one worker object and forwards calls to its public methods."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+
+    def node_info(self) -> tuple[str, int]:
+        """This node's IP and a free port on it (used as MASTER_PORT when this is rank 0)."""
+        import ray
+
+        return ray.util.get_node_ip_address(), find_free_port()
+
+    def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
+        """Set the env vars, then build ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
+        os.environ.update(env)
+        self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
+
+    def execute(self, method: str, payload: tuple[tuple, dict]) -> Any:
+        """Call ``worker.method(*args, **kwargs)``; only public methods are reachable."""
+        fn = getattr(self.worker, method, None)
+        if method.startswith("_") or not callable(fn):
+            raise AttributeError(f"{type(self.worker).__name__} has no public method {method!r}")
+        args, kwargs = payload
+        return fn(*args, **kwargs)
+
+
+def _host_actor() -> Any:
+    global _HOST_ACTOR
+    if _HOST_ACTOR is None:
+        import ray
+
+        _HOST_ACTOR = ray.remote(max_restarts=0, max_task_retries=0)(_WorkerHost)
+    return _HOST_ACTOR
+
+
+class RayPendingCall(PendingCall):
+    """Object refs of a call in flight, one per called rank."""
+
+    def __init__(self, group: RayWorkerGroup, method: str, refs: list[tuple[int, Any]]) -> None:
+        self._group, self._method, self._refs = group, method, refs
+        self._results: list[Any] | None = None
+
+    def get(self, timeout_s: float | None = None) -> list[Any]:
+        if self._results is None:
+            self._results = self._group._gather(self._method, self._refs, timeout_s)
+        return list(self._results)
+
+    def done(self) -> bool:
+        import ray
+
+        refs = [ref for _, ref in self._refs]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) == len(refs)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """Workers of one role, each a Ray actor in its device's placement-group bundle."""
+
+    def __init__(self, cluster: RayCluster, role: str, devices: tuple[int, ...], hosts: list[Any], ips: list[str]):
+        super().__init__(role, devices, ips)
+        self._cluster, self._hosts = cluster, hosts
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        import ray
+
+        payload = ray.put((args, kwargs))  # serialised once, shared by every rank
+        return self._submit(method, [(rank, payload) for rank in range(self.world_size)])
+
+    def scatter_async(
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None
+    ) -> PendingCall:
+        per_rank = self._per_rank(method, per_rank_args, per_rank_kwargs)
+        return self._submit(method, list(enumerate(per_rank)))
+
+    def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        self._check_rank(rank)
+        return self._submit(method, [(rank, (args, kwargs))])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for host in self._hosts:
+            with contextlib.suppress(Exception):  # already dead, or Ray is going down
+                ray.kill(host, no_restart=True)
+        self._hosts = []
+        self._cluster._forget(self)
+
+    def _submit(self, method: str, per_rank: list[tuple[int, Any]]) -> PendingCall:
+        if not self._hosts:
+            raise RuntimeError(f"the {self.role} group is shut down")
+        refs = [(rank, self._hosts[rank].execute.remote(method, payload)) for rank, payload in per_rank]
+        return RayPendingCall(self, method, refs)
+
+    def _gather(self, method: str, refs: list[tuple[int, Any]], timeout_s: float | None) -> list[Any]:
+        return gather(self.role, self.node_ips, method, refs, timeout_s or self._cluster.worker_timeout_s)
+
+
+def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any]], timeout_s: float) -> list[Any]:
+    """Results of ``refs`` (``(rank, ref)`` pairs) in order; the first failure or a timeout raises WorkerError.
+
+    Fails fast: a rank that dies is reported as soon as Ray knows, even while other ranks still run (they may
+    be blocked in a collective waiting for the dead one).
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+    deadline = time.monotonic() + timeout_s
+    pending = {ref: rank for rank, ref in refs}
+    results: dict[int, Any] = {}
+    while pending:
+        remaining = deadline - time.monotonic()
+        ready = ray.wait(list(pending), num_returns=1, timeout=max(remaining, 0))[0] if remaining > 0 else []
+        if not ready:
+            late = sorted(pending.values())
+            what = (
+                f"did not finish {method!r} within {timeout_s:g} s (cluster.worker_timeout_s); "
+                f"ranks still running: {late}"
+            )
+            raise WorkerError(role, late[0], ips[late[0]], what)
+        for ref in ready:
+            rank = pending.pop(ref)
+            try:
+                results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
+            except RayTaskError as exc:
+                text = _plain(str(exc))
+                raise WorkerError(role, rank, ips[rank], f"raised in {method!r}: {last_line(text)}", text) from None
+            except RayActorError as exc:
+                what = f"died during {method!r} (its process exited or was killed)"
+                raise WorkerError(role, rank, ips[rank], what, _plain(str(exc))) from None
+            except (RayError, GetTimeoutError) as exc:
+                raise WorkerError(role, rank, ips[rank], f"failed in {method!r}", repr(exc)) from None
+    return [results[rank] for rank, _ in refs]
+
+
+def bundle_resources(placement: Placement, device: int, device_type: str, cpus_per_worker: float) -> dict[str, float]:
+    """Placement-group bundle of ``device``: one accelerator plus ``cpus_per_worker`` per component on it."""
+    bundle = {"CPU": cpus_per_worker * len(placement.components_on(device))}
+    if device_type != "cpu":
+        bundle[RAY_RESOURCE[device_type]] = 1.0
+    elif cpus_per_worker <= 0:
+        raise ValueError("cluster.cpus_per_worker must be > 0 when workers run on CPUs only")
+    return {k: v for k, v in bundle.items() if v > 0}
+
+
+def worker_resources(placement: Placement, device: int, device_type: str, cpus_per_worker: float) -> dict[str, Any]:
+    """Ray actor options of one worker on ``device``: its CPUs and an equal share of the accelerator.
+
+    Ray keeps 4 decimals of fractional resources, so the share is rounded down (3 workers: 0.3333 each).
+    """
+    share = math.floor(10_000 / max(len(placement.components_on(device)), 1)) / 10_000
+    options: dict[str, Any] = {"num_cpus": cpus_per_worker}
+    if device_type == "cuda":
+        options["num_gpus"] = share
+    elif device_type == "npu":
+        options["resources"] = {RAY_RESOURCE["npu"]: share}
+    return options
+
+
+def _plain(text: str) -> str:
+    """``text`` without the terminal colour codes Ray puts in remote tracebacks."""
+    return _ANSI.sub("", text)
+
+
+class RayCluster(Cluster):
+    """Workers as Ray actors in one placement group sized from the placement."""
+
+    def __init__(self, cluster_cfg: Any, placement: Placement | None = None) -> None:
+        self._started_ray = False
+        self._pg = None
+        self.cpus_per_worker = float(getattr(cluster_cfg, "cpus_per_worker", 1.0))
+        try:
+            placement = self._connect(cluster_cfg, placement)
+            super().__init__(placement, detect_device_type(), getattr(cluster_cfg, "worker_timeout_s", 1800.0))
+            self._slots_used = {d: 0 for d in placement.used_devices}
+            self._pg, self._bundle_index = self._create_placement_group()
+        except BaseException:
+            self._release()
+            raise
+
+    def _connect(self, cluster_cfg: Any, placement: Placement | None) -> Placement:
+        """Join ``ray_address`` / ``RAY_ADDRESS`` or start a local Ray sized for the placement; returns it."""
+        import ray
+
+        address = getattr(cluster_cfg, "ray_address", "") or os.environ.get("RAY_ADDRESS", "")
+        if not ray.is_initialized() and address:
+            ray.init(address=address, log_to_driver=True)
+            self._started_ray = True
+        if placement is None:  # after connecting, so detection sees the cluster's nodes
+            n_per_node = detect_devices_per_node(cluster_cfg)
+            placement = parse_placement(cluster_cfg.component_placement, cluster_cfg.num_nodes, n_per_node)
+        if not ray.is_initialized():
+            need_cpus = self.cpus_per_worker * sum(len(placement.components_on(d)) for d in placement.used_devices)
+            num_cpus = max(os.cpu_count() or 1, math.ceil(need_cpus) + 1)  # +1: room for plain tasks
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+            self._started_ray = True
+        return placement
+
+    # ------------------------------------------------------------------------------------ resources
+
+    def _create_placement_group(self) -> tuple[Any, dict[int, int]]:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        devices = self.placement.used_devices
+        bundles = [bundle_resources(self.placement, d, self.device_type, self.cpus_per_worker) for d in devices]
+        need: dict[str, float] = {}
+        for bundle in bundles:
+            for key, value in bundle.items():
+                need[key] = need.get(key, 0.0) + value
+        have = ray.cluster_resources()
+        short = {k: v for k, v in need.items() if have.get(k, 0.0) + 1e-6 < v}
+        if short:
+            raise ValueError(
+                f"the placement needs {need} for devices {format_devices(devices)}, but the Ray cluster has "
+                f"{ {k: have.get(k, 0.0) for k in need} }; lower cluster.cpus_per_worker, fix "
+                "cluster.component_placement, or add nodes"
+            )
+        strategy = "STRICT_PACK" if self.placement.num_nodes == 1 else "PACK"
+        pg = placement_group(bundles, strategy=strategy, name=f"rlrunner-{os.getpid()}-{id(self):x}")
+        try:
+            ray.get(pg.ready(), timeout=self.worker_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(pg)
+            raise RuntimeError(
+                f"Ray could not place {len(bundles)} bundles ({strategy}, needing {need}) within "
+                f"{self.worker_timeout_s:g} s (cluster.worker_timeout_s); other jobs may hold the resources"
+            ) from None
+        return pg, {d: i for i, d in enumerate(devices)}
+
+    def _take_slots(self, role: str, devices: tuple[int, ...]) -> None:
+        for d in devices:
+            if d not in self._bundle_index:
+                raise ValueError(
+                    f"spawn({role!r}): device {d} is not used by the placement (devices "
+                    f"{format_devices(self.placement.used_devices)} have bundles)"
+                )
+            capacity = len(self.placement.components_on(d))
+            if self._slots_used[d] >= capacity:
+                raise ValueError(
+                    f"spawn({role!r}): device {d} already holds {capacity} worker(s), as many as the placement "
+                    f"collocates there ({', '.join(self.placement.components_on(d))}); shut a group down first"
+                )
+        for d in devices:
+            self._slots_used[d] += 1
+
+    # ------------------------------------------------------------------------------------- workers
+
+    def spawn(self, role: str, worker_cls: type, devices: tuple[int, ...], *args: Any, **kwargs: Any) -> WorkerGroup:
+        devices = self._check_spawn(role, worker_cls, devices)
+        self._take_slots(role, devices)
+        hosts: list[Any] = []
+        try:
+            hosts = [self._start_host(d) for d in devices]
+            unknown = ["(node not known yet)"] * len(hosts)
+            started = [(rank, h.node_info.remote()) for rank, h in enumerate(hosts)]
+            ips_ports = gather(role, unknown, "start", started, self.worker_timeout_s)
+            ips = [ip for ip, _ in ips_ports]
+            refs = [
+                (rank, host.construct.remote(self._env(rank, ips, *ips_ports[0]), worker_cls, args, kwargs))
+                for rank, host in enumerate(hosts)
+            ]
+            gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s)
+        except BaseException:  # includes KeyboardInterrupt: never leak actors or slots
+            self._kill(hosts)
+            for d in devices:
+                self._slots_used[d] -= 1
+            raise
+        group = RayWorkerGroup(self, role, devices, hosts, ips)
+        self._groups.append(group)
+        return group
+
+    @staticmethod
+    def _env(rank: int, ips: list[str], master_addr: str, master_port: int) -> dict[str, str]:
+        """torch.distributed env vars of ``rank``; LOCAL_RANK counts the group's ranks on the same node."""
+        same_node = [r for r, ip in enumerate(ips) if ip == ips[rank]]
+        return worker_env(rank, len(ips), same_node.index(rank), len(same_node), master_addr, master_port)
+
+    def _start_host(self, device: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=self._bundle_index[device])
+        options = worker_resources(self.placement, device, self.device_type, self.cpus_per_worker)
+        return _host_actor().options(scheduling_strategy=strategy, **options).remote()
+
+    @staticmethod
+    def _kill(hosts: list[Any]) -> None:
+        import ray
+
+        for host in hosts:
+            with contextlib.suppress(Exception):
+                ray.kill(host, no_restart=True)
+
+    def _forget(self, group: WorkerGroup) -> None:
+        if group in self._groups:
+            for d in group.devices:
+                self._slots_used[d] -= 1
+        super()._forget(group)
+
+    def _release(self) -> None:
+        import ray
+
+        if self._pg is not None:
+            with contextlib.suppress(Exception):  # Ray may already be gone
+                ray.util.remove_placement_group(self._pg)
+        self._pg = None
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+        self._started_ray = False

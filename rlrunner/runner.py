@@ -1,0 +1,255 @@
+"""The training loop (single controller): the driver calls worker groups; workers never call each other.
+
+One step: rollout (EMA policy) → reward (overlapped with the next rollout chunk) → advantages → NFT update →
+EMA → weight sync (LoRA tensors only) → log → eval → checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from rlrunner.algorithms.advantages import get_advantage_estimator
+from rlrunner.batch import Batch
+from rlrunner.checkpoint import load_checkpoint, resolve_resume_dir, save_checkpoint
+from rlrunner.cluster import create_cluster
+from rlrunner.config.loader import to_yaml
+from rlrunner.data.prompts import PromptSampler, load_prompts
+from rlrunner.logger import RunLogger, StepTimer
+from rlrunner.rewards import RewardOutput
+from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
+from rlrunner.workers.actor import ActorWorker
+from rlrunner.workers.env import EnvWorker
+from rlrunner.workers.rollout import RolloutWorker
+
+logger = logging.getLogger("rlrunner")
+# keyword that each advantage estimator takes for algorithm.advantage_mode
+ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
+
+
+def _split(items: list, parts: int) -> list[list]:
+    size = len(items) // parts
+    return [items[i * size:(i + 1) * size] for i in range(parts)]
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    return {k: float(np.mean([d[k] for d in dicts])) for k in dicts[0]}
+
+
+class Runner:
+    def __init__(self, cfg: DictConfig, log_dir: Path, cluster: Any) -> None:
+        self.cfg, self.log_dir, self.cluster = cfg, Path(log_dir), cluster
+        run, alg, env = cfg.runner, cfg.algorithm, cfg.env
+        placement = cluster.placement
+        self.train_prompts = load_prompts(env.train.dataset.path, env.train.dataset.split)
+        self.eval_prompts = load_prompts(env.eval.dataset.path, env.eval.dataset.split)[: env.eval.total_num_envs]
+        self.sampler = PromptSampler(self.train_prompts, derive_seed(run.seed, "prompts", 0))
+        self.prompts_per_epoch = env.train.total_num_envs // alg.group_size
+        samples_per_step = env.train.total_num_envs * env.train.rollout_epoch
+        steps_per_epoch = math.ceil(len(self.train_prompts) / (self.prompts_per_epoch * env.train.rollout_epoch))
+        self.max_steps = run.max_steps if run.max_steps > 0 else run.max_epochs * steps_per_epoch
+        optimizer_steps = self.max_steps * samples_per_step // cfg.actor.global_batch_size
+        self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
+        self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed)
+        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
+        self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
+        self.step = 0
+        self.nonfinite_in_a_row = 0
+        model = cfg.actor.model
+        family = model[model.model_type]
+        self.model_info = {"model_type": model.model_type, "model_path": model.model_path,
+                           "lora_rank": family.lora_rank, "lora_alpha": family.lora_alpha}
+        if run.resume_dir:
+            self.resume(run.resume_dir)
+        self.sync_weights()
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> None:
+        run = self.cfg.runner
+        if self.step == 0 and run.val_before_train:
+            self.evaluate()
+        progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
+                        file=sys.stderr)
+        while self.step < self.max_steps:
+            metrics = self.train_step()
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['env/avg']:.3f}", loss=f"{metrics['train/actor/nft_loss']:.4f}",
+                                 step_s=f"{metrics['time/step']:.1f}")
+            last = self.step == self.max_steps
+            if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
+                self.evaluate()
+            if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
+                self.save()
+        progress.close()
+
+    def train_step(self) -> dict[str, float]:
+        """One global step as a straight line of named, timed phases."""
+        timer, alg = StepTimer(), self.cfg.algorithm
+        with timer("step"):
+            prompts = [self.sampler.sample(self.prompts_per_epoch) for _ in range(self.cfg.env.train.rollout_epoch)]
+            batch, reward = self.rollout_and_score([p for epoch in prompts for p in epoch], alg.group_size,
+                                                   "train", timer)
+            with timer("advantages"):
+                batch.tensors["advantages"] = self.advantages(torch.from_numpy(reward.avg))
+            with timer("train"):
+                actor_metrics = self.update(batch)
+            with timer("ema"):
+                tau = self.actor.call("ema_update", self.step)[0]
+            self.step += 1
+            with timer("sync"):
+                if self.step % self.cfg.runner.weight_sync_interval == 0:
+                    self.sync_weights()
+        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/nft_tau": tau,
+                   **timer.metrics()}
+        self.run_logger.scalars(metrics, self.step)
+        interval = self.cfg.runner.sample_log_interval
+        if interval > 0 and (self.step % interval == 0 or self.step == 1):
+            self.log_samples("train/samples", batch, reward)
+        return metrics
+
+    # ------------------------------------------------------------------ phases
+    def rollout_and_score(self, prompts: list[str], group_size: int, mode: str,
+                          timer: StepTimer) -> tuple[Batch, RewardOutput]:
+        """Sample ``group_size`` images per prompt and score them; scoring chunk k overlaps rollout of chunk k+1."""
+        n_rollout = self.rollout.world_size
+        chunks = [prompts]
+        if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
+            chunks = _split(prompts, 2)
+        batches, pending = [], []
+        for index, chunk in enumerate(chunks):
+            with timer("rollout"):
+                shards = self.rollout.scatter("generate", [(p, group_size, self.step, index, mode)
+                                                           for p in _split(chunk, n_rollout)])
+            batches.append(Batch.cat(shards))
+            pending.append(self.score_async(batches[-1], "train" if mode == "train" else "eval"))
+            if not self.cfg.runner.async_reward:
+                pending[-1] = _Done(pending[-1].get())
+        with timer("reward"):
+            rewards = [RewardOutput.concat(p.get()) for p in pending]
+        return Batch.cat(batches), RewardOutput.concat(rewards)
+
+    def score_async(self, batch: Batch, split: str):
+        n_env = self.env.world_size
+        images, prompts = batch.tensors["images"], batch.meta["prompts"]
+        size = math.ceil(len(batch) / n_env)
+        args = [(images[i * size:(i + 1) * size], prompts[i * size:(i + 1) * size], split) for i in range(n_env)]
+        return self.env.scatter_async("score", args)
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Group-relative advantages; ``reward_signal`` none/shuffle are control runs without a real signal."""
+        alg = self.cfg.algorithm
+        if alg.reward_signal == "none":
+            return torch.zeros_like(rewards)
+        if alg.reward_signal == "shuffle":
+            generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "shuffle", self.step))
+            rewards = rewards[torch.randperm(len(rewards), generator=generator)]
+        estimator = get_advantage_estimator(alg.adv_type)
+        return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
+        train = Batch({k: v for k, v in batch.tensors.items() if k != "images"}, {})
+        train = train.select(torch.randperm(len(train), generator=generator))
+        metrics = _mean_dicts(self.actor.scatter("update", [(shard, self.step) for shard in train.chunk(self.actor.world_size)]))
+        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
+        if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
+            raise RuntimeError(f"{self.nonfinite_in_a_row} steps in a row had a NaN/inf loss or gradient (optimizer "
+                               f"steps skipped); lower actor.optim.lr or check the rewards/model precision")
+        return {f"train/actor/{k}": v for k, v in metrics.items()}
+
+    def sync_weights(self) -> None:
+        """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
+        self.rollout.call("sync_weights", self.actor.call_rank(0, "lora_weights"))
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
+        timer = StepTimer()
+        with timer("eval"):
+            batch, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer)
+        metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
+        self.run_logger.scalars(metrics, self.step)
+        self.log_samples("eval/samples", batch, reward)
+        tqdm.write(f"[step {self.step}] eval reward {metrics['eval/avg']:.4f} over {len(batch)} held-out prompts",
+                   file=sys.stderr)
+        return metrics
+
+    # ------------------------------------------------------------------ logging
+    @staticmethod
+    def reward_metrics(prefix: str, reward: RewardOutput) -> dict[str, float]:
+        metrics = {f"{prefix}/avg": float(reward.avg.mean()), f"{prefix}/reward_errors": float(reward.errors)}
+        metrics.update({f"{prefix}/{name}": float(values.mean()) for name, values in reward.parts.items()})
+        return metrics
+
+    def log_samples(self, tag: str, batch: Batch, reward: RewardOutput) -> None:
+        n = min(self.cfg.runner.num_logged_samples, len(batch))
+        images = batch.tensors["images"][:n].numpy()
+        per_sample = reward.avg.reshape(len(batch), -1).mean(axis=1)
+        self.run_logger.samples(tag, images, batch.meta["prompts"][:n], per_sample[:n], self.step)
+        if images.ndim == 5:
+            video_cfg = self.cfg.env.train.video_cfg
+            out_dir = None
+            if video_cfg.save_video:
+                out_dir = Path(video_cfg.video_base_dir) if video_cfg.video_base_dir else self.log_dir / "videos"
+            self.run_logger.videos(tag, images, self.step, video_cfg.fps, out_dir)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        root = self.log_dir / "checkpoints"
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
+                 "nonfinite_in_a_row": self.nonfinite_in_a_row}
+        path = save_checkpoint(
+            root, self.step, runner_state=state, actor_states=self.actor.call("state_dict"),
+            config_yaml=to_yaml(self.cfg), model_info=self.model_info,
+            write_adapters=lambda d: self.actor.scatter("save_adapters", [(str(d),)] + [(None,)] * (self.actor.world_size - 1)),
+            keep_last_n=self.cfg.runner.keep_last_n,
+        )
+        tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
+        return path
+
+    def resume(self, resume_dir: str) -> None:
+        log_root = Path(self.cfg.runner.logger.log_path)
+        path = resolve_resume_dir(resume_dir, log_root, self.log_dir.name.split("-", 2)[-1])
+        ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
+        self.actor.scatter("load_state_dict", [(state,) for state in ckpt["actor"]])
+        self.sampler.load_state_dict(ckpt["runner"]["sampler"])
+        set_rng_state(ckpt["runner"]["rng"])
+        self.step = ckpt["runner"]["step"]
+        self.nonfinite_in_a_row = ckpt["runner"]["nonfinite_in_a_row"]
+        tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
+
+    def close(self) -> None:
+        self.env.call("close")
+        self.run_logger.close()
+
+
+class _Done:
+    """A finished call with the PendingCall interface (synchronous reward scoring)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self) -> Any:
+        return self.value
+
+
+def run(cfg: DictConfig, log_dir: Path) -> None:
+    """Start the workers on the recipe's cluster, train, and always release the workers."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    random.seed(cfg.runner.seed)
+    np.random.seed(cfg.runner.seed % 2**32)
+    torch.manual_seed(cfg.runner.seed)
+    with create_cluster(cfg.cluster) as cluster:
+        runner = Runner(cfg, log_dir, cluster)
+        try:
+            runner.fit()
+        finally:
+            runner.close()

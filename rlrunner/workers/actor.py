@@ -1,0 +1,147 @@
+"""Actor worker: the DiffusionNFT update of the ``default`` LoRA adapter and the EMA of the ``ema`` adapter."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
+from rlrunner.algorithms.nft import nft_loss
+from rlrunner.algorithms.samplers import sample_xt
+from rlrunner.batch import Batch
+from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
+from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
+
+
+def _cond(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    return {k.removeprefix("cond."): v.to(device) for k, v in batch.tensors.items() if k.startswith("cond.")}
+
+
+class ActorWorker:
+    """One data-parallel rank of the trainer.
+
+    ``update`` runs ``samples / global_batch_size`` optimizer steps over this rank's share of a rollout batch,
+    in micro-batches with gradient accumulation; gradients are averaged over ranks with torch.distributed.
+    """
+
+    def __init__(self, actor_cfg: Any, algorithm_cfg: Any, num_train_steps: int, *, rank: int = 0,
+                 world_size: int = 1) -> None:
+        from rlrunner.cluster.distributed import init_distributed
+
+        self.cfg, self.alg = actor_cfg, algorithm_cfg
+        self.rank, self.world_size = rank, world_size
+        self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
+        torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
+        self.model = build_model(actor_cfg.model)
+        self.distributed = init_distributed(rank, world_size, self.model.device.type)
+        self.params = self.model.trainable_parameters()
+        optim = actor_cfg.optim
+        self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
+                                           eps=optim.adam_eps, weight_decay=optim.weight_decay)
+        from diffusers.optimization import get_scheduler
+
+        self.lr_scheduler = get_scheduler(optim.lr_scheduler, self.optimizer, num_warmup_steps=optim.lr_warmup_steps,
+                                          num_training_steps=max(1, num_train_steps))
+        self.optimizer_steps = 0
+
+    # ------------------------------------------------------------------ training
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """Train on this rank's samples (tensors ``x0``, ``advantages`` ``[N]`` or ``[N, K]``, ``cond.*``)."""
+        local_batch = self.cfg.global_batch_size // self.world_size
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for opt_index, opt_batch in enumerate(batch.split(local_batch)):
+            for name, value in self._optimizer_step(opt_batch, step, opt_index).items():
+                sums[name] += value
+                counts[name] += 1
+        return {name: sums[name] / counts[name] for name in sums}
+
+    def _optimizer_step(self, batch: Batch, step: int, opt_index: int) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = defaultdict(float)
+        micro_batches = batch.split(self.cfg.micro_batch_size)
+        for micro_index, micro in enumerate(micro_batches):
+            seed = derive_seed(self.cfg.seed, "actor-noise", self.rank, step, opt_index, micro_index)
+            loss, micro_metrics = self._micro_loss(micro, torch.Generator().manual_seed(seed))
+            (loss * len(micro) / len(batch)).backward()
+            for name, value in micro_metrics.items():
+                metrics[name] += value * len(micro) / len(batch)
+        grad_norm = self._sync_and_clip_gradients()
+        finite = math.isfinite(grad_norm) and math.isfinite(metrics["nft_loss"])
+        if finite:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+            self.optimizer_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(grad_norm=grad_norm, lr=self.lr_scheduler.get_last_lr()[0], nonfinite=float(not finite))
+        return metrics
+
+    def _micro_loss(self, micro: Batch, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """NFT loss on one micro-batch with fresh noise: x_t from the rollout's x0 (``nft_xcur_source: resample``)."""
+        device, dtype = self.model.device, self.model.dtype
+        x0 = micro.tensors["x0"]
+        x_t, t, _ = sample_xt(x0, int(self.family_cfg.num_steps), generator=generator)
+        x0, x_t, t = x0.to(device), x_t.to(device, dtype), t.to(device)
+        cond = _cond(micro, device)
+        with torch.no_grad():
+            v_old = self.model.velocity(x_t, t, cond, adapter=EMA_ADAPTER)
+            v_base = self.model.velocity(x_t, t, cond, adapter=None) if self.alg.ref_kl_coef > 0 else None
+        v_theta = self.model.velocity(x_t, t, cond, adapter=TRAINED_ADAPTER)
+        return nft_loss(
+            v_theta, v_old, x_t, x0, t, micro.tensors["advantages"].to(device), beta=self.alg.nft_beta,
+            adv_clip_max=self.alg.adv_clip_max, weight_mode=self.alg.nft_weight_mode,
+            target_space=self.alg.nft_target_space, clip_ratio=self.alg.nft_clip_ratio, v_base=v_base,
+            kl_coef=self.alg.ref_kl_coef,
+        )
+
+    def _sync_and_clip_gradients(self) -> float:
+        if self.distributed:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            torch.distributed.all_reduce(flat)
+            flat /= self.world_size
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.clip_grad))
+
+    # ------------------------------------------------------------------ EMA and sync
+    def tau(self, step: int) -> float:
+        if self.alg.nft_decay_type:
+            return 1.0 - decay_at(self.alg.nft_decay_type, step)
+        spec = self.alg.nft_tau
+        return tau_at(spec if isinstance(spec, (int, float)) else list(spec), step)
+
+    def ema_update(self, step: int) -> float:
+        """``ema ← (1 − tau)·ema + tau·θ`` on the LoRA tensors only; returns tau."""
+        tau = self.tau(step)
+        ema_update_(self.model.adapter_parameters(EMA_ADAPTER), self.model.adapter_parameters(TRAINED_ADAPTER), tau)
+        return tau
+
+    def lora_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Both adapters' LoRA tensors (CPU), for the rollout workers."""
+        return {name: self.model.lora_state_dict(name) for name in (TRAINED_ADAPTER, EMA_ADAPTER)}
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {"adapters": self.lora_weights(), "optimizer": self.optimizer.state_dict(),
+                "lr_scheduler": self.lr_scheduler.state_dict(), "rng": rng_state(),
+                "optimizer_steps": self.optimizer_steps, "rank": self.rank, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, lora in state["adapters"].items():
+            self.model.load_lora_state_dict(name, lora)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        set_rng_state(state["rng"])
+        self.optimizer_steps = state["optimizer_steps"]
+
+    def save_adapters(self, checkpoint_dir: str | None) -> None:
+        """Write both adapters in diffusers' LoRA format (``pipe.load_lora_weights(dir)``); None: not this rank."""
+        if checkpoint_dir is not None:
+            self.model.save_lora(f"{checkpoint_dir}/adapter", TRAINED_ADAPTER)
+            self.model.save_lora(f"{checkpoint_dir}/adapter_ema", EMA_ADAPTER)

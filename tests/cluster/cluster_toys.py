@@ -1,0 +1,73 @@
+"""Plain worker classes for the cluster tests (no Ray here: the backends wrap them)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from rlrunner.cluster.distributed import all_reduce_mean, init_distributed
+
+
+class Counter:
+    """Holds a number; ``add`` changes it, ``value`` reads it."""
+
+    def __init__(self, start: int = 0, *, rank: int, world_size: int, scale: int = 1) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.total = start * scale + rank
+
+    def add(self, x: int) -> int:
+        self.total += x
+        return self.total
+
+    def value(self) -> int:
+        return self.total
+
+    def identity(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
+    def env(self) -> dict[str, str]:
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        return {k: os.environ.get(k, "") for k in keys}
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    def fail_on_rank(self, rank: int) -> int:
+        if self.rank == rank:
+            raise RuntimeError(f"boom on rank {rank}")
+        return self.rank
+
+    def exit_on_rank(self, rank: int) -> int:
+        """Rank ``rank`` kills its own process; the others wait a little and answer."""
+        if self.rank == rank:
+            os._exit(1)
+        time.sleep(0.5)
+        return self.rank
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+class DataParallel:
+    """Joins a gloo group in its constructor and averages a tensor across ranks (gradient averaging)."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.joined = init_distributed(rank, world_size, "cpu", timeout_s=60)
+        self.grad = torch.full((3,), float(rank + 1))
+
+    def average(self) -> list[float]:
+        return all_reduce_mean(self.grad.clone()).tolist()
+
+    def env(self) -> dict[str, str]:
+        return {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+
+
+class BrokenInit:
+    """A constructor that raises."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        raise OSError(f"cannot load weights on rank {rank}")

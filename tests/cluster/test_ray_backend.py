@@ -1,0 +1,151 @@
+"""The Ray backend, in one Ray session: DP all-reduce over gloo, calls, errors, a killed worker, shutdown.
+
+The cluster starts its own local Ray (2 CPU bundles of 3 logical CPUs each: actor, env and rollout
+collocated on 2 CPU "devices") once for the whole module; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from types import SimpleNamespace
+
+import cluster_toys
+import pytest
+import ray
+from cluster_toys import BrokenInit, Counter, DataParallel
+
+from rlrunner.cluster import WorkerError, create_cluster
+from rlrunner.cluster.ray_backend import RayCluster
+
+pytestmark = pytest.mark.ray
+
+TEST_TIMEOUT_S = 60
+STARTUP_TIMEOUT_S = 120
+
+
+class _Alarm:
+    """Raise TimeoutError in the main thread after ``seconds`` (pytest-timeout is not installed)."""
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = seconds
+
+    def _fire(self, signum, frame):
+        raise TimeoutError(f"cluster test exceeded {self.seconds} s")
+
+    def __enter__(self):
+        self._old = signal.signal(signal.SIGALRM, self._fire)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self._old)
+
+
+@pytest.fixture(autouse=True)
+def _timeout():
+    with _Alarm(TEST_TIMEOUT_S):
+        yield
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray session for the module, started (and shut down) by the cluster itself."""
+    assert not ray.is_initialized(), "another test left Ray running"
+    ray.cloudpickle.register_pickle_by_value(cluster_toys)  # the toys are not importable on Ray workers
+    cfg = SimpleNamespace(
+        num_nodes=1,
+        num_devices_per_node=2,
+        component_placement={"actor,env,rollout": "all"},
+        backend="ray",
+        ray_address="",
+        cpus_per_worker=1.0,
+        worker_timeout_s=30.0,
+        enable_offload=False,
+    )
+    with _Alarm(STARTUP_TIMEOUT_S):
+        c = create_cluster(cfg)
+    try:
+        yield c
+    finally:
+        with _Alarm(STARTUP_TIMEOUT_S):
+            c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def counters(cluster):
+    with _Alarm(STARTUP_TIMEOUT_S):
+        return cluster.spawn("rollout", Counter, (0, 1), 5, scale=2)
+
+
+def test_cluster_started_ray_with_one_bundle_per_device(cluster):
+    assert isinstance(cluster, RayCluster) and cluster.device_type == "cpu"
+    assert ray.cluster_resources()["CPU"] >= 7  # 2 bundles x 3 CPUs, +1 left for plain tasks
+    bundles = ray.util.placement_group_table(cluster._pg)["bundles"]
+    assert list(bundles.values()) == [{"CPU": 3.0}, {"CPU": 3.0}]
+
+
+def test_data_parallel_group_averages_with_gloo(cluster):
+    group = cluster.spawn("actor", DataParallel, (0, 1))
+    assert group.call("average") == [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]  # mean of rank+1 over 2 ranks
+    env = group.call("env")
+    assert [e["RANK"] for e in env] == ["0", "1"] and {e["WORLD_SIZE"] for e in env} == {"2"}
+    assert [e["LOCAL_RANK"] for e in env] == ["0", "1"]  # both ranks on this one node
+    assert env[0]["MASTER_ADDR"] == env[1]["MASTER_ADDR"] == group.node_ips[0]
+    assert env[0]["MASTER_PORT"] == env[1]["MASTER_PORT"] != ""
+
+
+def test_call_async_scatter_and_call_rank(counters):
+    assert counters.call("identity") == [(0, 2), (1, 2)]
+    assert counters.call("value") == [10, 11]
+    slow = counters.call_async("sleep", 0.3)
+    assert not slow.done()  # the driver is free while the workers run
+    assert slow.get() == [0.3, 0.3] and slow.done()
+    assert counters.scatter("add", [(1,), (2,)]) == [11, 13]
+    assert counters.scatter_async("add", [(), ()], [{"x": 1}, {"x": 2}]).get() == [12, 15]
+    assert counters.call_rank(1, "value") == 15
+
+
+def test_method_exception_carries_the_remote_traceback(counters):
+    with pytest.raises(WorkerError) as info:
+        counters.call("fail_on_rank", 1)
+    err = info.value
+    assert (err.role, err.rank, err.node_ip) == ("rollout", 1, counters.node_ips[1])
+    message = str(err)
+    assert message.startswith(f"rollout worker rank 1 on {err.node_ip} raised in 'fail_on_rank': RuntimeError: boom")
+    assert "cluster_toys.py" in message and "\x1b[" not in message
+    assert counters.call("value") == [12, 15]  # the workers live on
+
+
+def test_slow_call_times_out_with_a_worker_error(counters):
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"did not finish 'sleep' within 0.5 s .* ranks still running: \[0, 1\]"):
+        counters.call_async("sleep", 2.0).get(timeout_s=0.5)
+    assert time.monotonic() - start < 5
+
+
+def test_constructor_exception_frees_its_slot(cluster):
+    with pytest.raises(WorkerError, match=r"env worker rank 0 on \S+ raised in 'BrokenInit.__init__': OSError"):
+        cluster.spawn("env", BrokenInit, (0,))
+    assert cluster._slots_used == {0: 2, 1: 2}  # actor + rollout; the failed env worker gave its slot back
+
+
+def test_killed_worker_is_reported_within_bounded_time(cluster, counters):
+    cluster.spawn("env", Counter, (0,))  # the third and last worker device 0 has room for
+    with pytest.raises(ValueError, match=r"device 0 already holds 3 worker\(s\), .* \(actor, env, rollout\)"):
+        cluster.spawn("extra", Counter, (0,))
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        counters.call("exit_on_rank", 1)
+    assert time.monotonic() - start < 20
+    assert str(info.value).startswith(f"rollout worker rank 1 on {counters.node_ips[1]} died during 'exit_on_rank'")
+    with pytest.raises(WorkerError, match="rank 1 .* died"):
+        counters.call("value")  # the dead worker stays dead, reported at once
+    counters.shutdown()
+    assert counters not in cluster.groups
+
+
+def test_shutdown_kills_workers_and_stops_the_ray_it_started(cluster):
+    assert len(cluster.groups) == 2  # actor, env
+    cluster.shutdown()
+    assert cluster.groups == () and not ray.is_initialized()

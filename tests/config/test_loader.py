@@ -1,0 +1,122 @@
+"""Recipe loading: overrides, interpolation, and every class of user error with its message."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlrunner.config.loader import RecipeError, available_recipes, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def recipe_dir(tmp_path: Path, monkeypatch) -> Path:
+    """A config dir with a copy of the default recipe whose paths point at real files in tmp_path."""
+    (tmp_path / "model").mkdir()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.txt").write_text('a sign that says "2345"\n')
+    (data / "test.txt").write_text('a sign that says "6789"\n')
+    recipe = yaml.safe_load((ROOT / "examples/diffusion/config/tiny_nft_ocr.yaml").read_text())
+    recipe["actor"]["model"]["model_path"] = str(tmp_path / "model")
+    for split in ("train", "eval"):
+        recipe["env"][split]["dataset"]["path"] = str(data)
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    (config_dir / "base.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.chdir(tmp_path)
+    return config_dir
+
+
+def load(config_dir: Path, *overrides: str, name: str = "base"):
+    return load_recipe(name, list(overrides), config_dir=config_dir)
+
+
+def write_recipe(config_dir: Path, name: str, edit) -> None:
+    recipe = yaml.safe_load((config_dir / "base.yaml").read_text())
+    edit(recipe)
+    (config_dir / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
+
+
+def test_recipe_values_and_schema_defaults(recipe_dir):
+    cfg = load(recipe_dir)
+    assert cfg.algorithm.group_size == 8
+    assert cfg.actor.model.model_type == "tiny"
+    assert cfg.actor.optim.adam_beta2 == 0.999  # not in the recipe: schema default
+    assert list(cfg.actor.model.tiny.resolution) == [32, 96]
+
+
+def test_dotted_overrides_scalars_and_lists(recipe_dir):
+    cfg = load(recipe_dir, "actor.optim.lr=1e-4", "algorithm.nft_tau=[1.0,0.01,0,70]", "runner.max_steps=3")
+    assert cfg.actor.optim.lr == pytest.approx(1e-4)
+    assert list(cfg.algorithm.nft_tau) == [1.0, 0.01, 0, 70]
+    assert cfg.runner.max_steps == 3
+
+
+def test_interpolation_is_resolved(recipe_dir):
+    write_recipe(recipe_dir, "interp", lambda r: r["env"]["eval"].update(total_num_envs="${algorithm.group_size}"))
+    assert load(recipe_dir, name="interp").env.eval.total_num_envs == 8
+
+
+def test_misspelt_key_names_it_and_suggests(recipe_dir):
+    write_recipe(recipe_dir, "typo", lambda r: r["actor"]["optim"].update(lrr=1))
+    with pytest.raises(RecipeError, match=r"unknown key 'actor.optim.lrr'.*did you mean 'actor.optim.lr'"):
+        load(recipe_dir, name="typo")
+
+
+def test_misspelt_override_key(recipe_dir):
+    with pytest.raises(RecipeError, match=r"command-line override: unknown key 'algorithm.nft_betta'.*nft_beta"):
+        load(recipe_dir, "algorithm.nft_betta=0.2")
+
+
+def test_unknown_section_lists_valid_keys(recipe_dir):
+    write_recipe(recipe_dir, "section", lambda r: r.update(trainer={"x": 1}))
+    with pytest.raises(RecipeError, match=r"unknown key 'trainer'"):
+        load(recipe_dir, name="section")
+
+
+def test_wrong_type_names_key_value_and_type(recipe_dir):
+    with pytest.raises(RecipeError, match=r"'actor.micro_batch_size' has value 'four'.*expected int"):
+        load(recipe_dir, "actor.micro_batch_size=four")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["actor.global_batch_size=60"], r"actor.global_batch_size=60 is not divisible by actor.micro_batch_size=16"),
+        (["env.train.total_num_envs=60"], r"total_num_envs=60 is not a multiple of algorithm.group_size=8"),
+        (["algorithm.nft_tau=[1.0,0.1,5]"], r"algorithm.nft_tau=.* must be a positive number or \[start, end"),
+        (["algorithm.nft_tau=fast"], r"algorithm.nft_tau='fast'"),
+        (["cluster.component_placement={actor: all, rollout: all, env: all, critic: all}"], r"critic"),
+        (["actor.model.model_path=/no/such/model"], r"model_path='/no/such/model' does not exist"),
+        (["actor.model.model_path=''"], r"model_path is empty"),
+        (["env.train.dataset.path=/no/such/dir"], r"env.train.dataset.path='/no/such/dir' does not exist"),
+        (["env.eval.dataset.split=valid"], r"has no valid.txt"),
+        (["algorithm.nft_weight_mode=adaptiv"], r"nft_weight_mode='adaptiv' is not valid \(did you mean 'adaptive'"),
+        (["actor.model.model_type=sd4"], r"model_type='sd4' is not valid"),
+        (["actor.model.tiny.train_sampler=heun"], r"train_sampler='heun' is not valid"),
+        (["actor.model.tiny.num_frames=4"], r"num_frames=4 must be 4k\+1"),
+        (["runner.max_steps=-1"], r"runner.max_steps or runner.max_epochs"),
+    ],
+)
+def test_contradictions_are_rejected_with_one_line(recipe_dir, overrides, message):
+    with pytest.raises(RecipeError, match=message) as info:
+        load(recipe_dir, *overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_hub_id_model_path_is_accepted_without_local_folder(recipe_dir):
+    assert load(recipe_dir, "actor.model.model_path=org/model").actor.model.model_path == "org/model"
+
+
+def test_unknown_recipe_lists_available(recipe_dir):
+    with pytest.raises(RecipeError, match=r"no recipe named 'bsae'.*did you mean 'base'.*Available recipes: base"):
+        load(recipe_dir, name="bsae")
+
+
+def test_shipped_recipes_are_valid(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for name in available_recipes():
+        cfg = load_recipe(name, [])
+        assert cfg.actor.model.model_path, name

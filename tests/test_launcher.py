@@ -1,0 +1,53 @@
+"""The launcher end to end: run_diffusion.sh → python -m rlrunner.train, as a user calls it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
+
+
+def launch(*args: str, log_root: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root), "HOME": str(log_root)}
+    return subprocess.run(["bash", str(LAUNCHER), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_dry_run_creates_log_dir_with_command_and_resolved_config(tmp_path):
+    result = launch("tiny_nft_ocr", "actor.optim.lr=1e-4", "--dry-run", "runner.max_steps=3", log_root=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.endswith("-tiny_nft_ocr")
+    assert "actor.optim.lr=1e-4" in (run_dir / "command.txt").read_text()
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["actor"]["optim"]["lr"] == 1e-4 and resolved["runner"]["max_steps"] == 3
+    assert "is valid (dry run" in (run_dir / "console.log").read_text()
+    assert yaml.safe_load(result.stdout)["algorithm"]["group_size"] == resolved["algorithm"]["group_size"]
+
+
+def test_unknown_recipe_lists_available_ones(tmp_path):
+    result = launch("no_such_recipe", log_root=tmp_path)
+    assert result.returncode == 2
+    assert "no recipe named 'no_such_recipe'" in result.stderr
+    assert "tiny_nft_ocr" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any(tmp_path.glob("*-no_such_recipe"))
+
+
+def test_misspelt_key_fails_naming_it(tmp_path):
+    result = launch("tiny_nft_ocr", "actor.optim.lrr=1", log_root=tmp_path)
+    assert result.returncode == 2
+    assert "actor.optim.lrr" in result.stderr and "did you mean 'actor.optim.lr'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_python_entry_point_dry_run_starts_nothing(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlrunner.train", "--dry-run", "--config-name", "tiny_nft_ocr",
+                             f"runner.logger.log_path={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["actor"]["model"]["model_type"] == "tiny"
+    assert not any(tmp_path.iterdir())
