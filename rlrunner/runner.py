@@ -120,29 +120,33 @@ class Runner:
     def rollout_and_score(self, prompts: list[str], group_size: int, mode: str,
                           timer: StepTimer) -> tuple[Batch, RewardOutput]:
         """Sample ``group_size`` images per prompt and score them; scoring chunk k overlaps rollout of chunk k+1."""
-        n_rollout = self.rollout.world_size
+        n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         chunks = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
             chunks = _split(prompts, 2)
-        batches, pending = [], []
+        batches, tickets = [], []
         for index, chunk in enumerate(chunks):
             with timer("rollout"):
                 shards = self.rollout.scatter("generate", [(p, group_size, self.step, index, mode)
                                                            for p in _split(chunk, n_rollout)])
             batches.append(Batch.cat(shards))
-            pending.append(self.score_async(batches[-1], "train" if mode == "train" else "eval"))
+            tickets.append(self.submit_reward(batches[-1], split))
             if not self.cfg.runner.async_reward:
-                pending[-1] = _Done(pending[-1].get())
+                with timer("reward"):
+                    tickets[-1] = self.collect_reward(tickets[-1])
         with timer("reward"):
-            rewards = [RewardOutput.concat(p.get()) for p in pending]
+            rewards = [t if isinstance(t, RewardOutput) else self.collect_reward(t) for t in tickets]
         return Batch.cat(batches), RewardOutput.concat(rewards)
 
-    def score_async(self, batch: Batch, split: str):
-        n_env = self.env.world_size
-        images, prompts = batch.tensors["images"], batch.meta["prompts"]
+    def submit_reward(self, batch: Batch, split: str) -> list[int]:
+        """Hand ``batch``'s images to the env workers (an equal share each); returns their tickets."""
+        images, prompts, n_env = batch.tensors["images"], batch.meta["prompts"], self.env.world_size
         size = math.ceil(len(batch) / n_env)
-        args = [(images[i * size:(i + 1) * size], prompts[i * size:(i + 1) * size], split) for i in range(n_env)]
-        return self.env.scatter_async("score", args)
+        return self.env.scatter("submit", [(images[i * size:(i + 1) * size], prompts[i * size:(i + 1) * size], split)
+                                           for i in range(n_env)])
+
+    def collect_reward(self, tickets: list[int]) -> RewardOutput:
+        return RewardOutput.concat(self.env.scatter("collect", [(t,) for t in tickets]))
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """Group-relative advantages; ``reward_signal`` none/shuffle are control runs without a real signal."""
@@ -229,16 +233,6 @@ class Runner:
     def close(self) -> None:
         self.env.call("close")
         self.run_logger.close()
-
-
-class _Done:
-    """A finished call with the PendingCall interface (synchronous reward scoring)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self) -> Any:
-        return self.value
 
 
 def run(cfg: DictConfig, log_dir: Path) -> None:

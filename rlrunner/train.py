@@ -81,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rlrunner.runner import run
 
+    from rlrunner.checkpoint import CheckpointError
+
     try:
         run(cfg, log_dir)
-    except RecipeError as err:
+    except (RecipeError, CheckpointError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

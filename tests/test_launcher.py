@@ -39,9 +39,12 @@ def test_unknown_recipe_lists_available_ones(tmp_path):
 
 def test_misspelt_key_fails_naming_it(tmp_path):
     result = launch("tiny_nft_ocr", "actor.optim.lrr=1", log_root=tmp_path)
+    output = result.stdout + result.stderr  # the launcher tees the run's output (both streams) to console.log
     assert result.returncode == 2
-    assert "actor.optim.lrr" in result.stderr and "did you mean 'actor.optim.lr'" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "actor.optim.lrr" in output and "did you mean 'actor.optim.lr'" in output
+    assert "Traceback" not in output
+    (run_dir,) = tmp_path.iterdir()
+    assert "did you mean 'actor.optim.lr'" in (run_dir / "console.log").read_text()
 
 
 def test_python_entry_point_dry_run_starts_nothing(tmp_path):

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -45,7 +46,7 @@ def recipe_path(name: str, config_dir: Path = CONFIG_DIR) -> Path:
 
 
 def _valid_keys(node: DictConfig, prefix: str) -> list[str]:
-    return [f"{prefix}{key}" for key in node.keys()]
+    return [f"{prefix}{key}" for key in node]
 
 
 def _closest_key_hint(schema: DictConfig, full_key: str) -> str:
@@ -109,7 +110,7 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
     schema = OmegaConf.structured(RecipeConfig)
     try:
         recipe = OmegaConf.load(path)
-    except Exception as err:  # YAML syntax errors come from yaml, not OmegaConf
+    except yaml.YAMLError as err:
         raise RecipeError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(recipe, DictConfig):
         raise RecipeError(f"{path}: a recipe is a mapping of sections (cluster, runner, ...), got {type(recipe)}")

@@ -117,9 +117,11 @@ def _check_env(cfg: DictConfig, split: str, base_dir: Path) -> None:
         _fail(f"env.{split}.dataset.path={env.dataset.path!r} does not exist (relative paths are taken from "
               f"{base_dir})")
     if path.is_dir() and not (path / f"{env.dataset.split}.txt").is_file():
+        source = path / "SOURCE.md"
+        hint = f"; {source} says where to get it" if source.is_file() else ""
         _fail(f"env.{split}.dataset.path={env.dataset.path!r} has no {env.dataset.split}.txt "
               f"(env.{split}.dataset.split={env.dataset.split!r}); found: "
-              f"{sorted(p.name for p in path.glob('*.txt')) or 'no .txt files'}")
+              f"{sorted(p.name for p in path.glob('*.txt')) or 'no .txt files'}{hint}")
 
 
 def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:

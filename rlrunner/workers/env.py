@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -13,17 +15,33 @@ SPLITS = ("train", "eval")
 
 
 class EnvWorker:
-    """Holds one reward (and its OCR engine) per split; ``score`` is the whole remote surface."""
+    """Holds one reward (and its OCR engine) per split.
+
+    Scoring is asynchronous inside the worker: ``submit`` returns a ticket at once and the reward's scorer
+    threads work while the driver goes on (e.g. with the next rollout chunk); ``collect`` waits for the result.
+    This overlaps reward and rollout with every backend, in-process included.
+    """
 
     def __init__(self, env_cfg: Any, *, rank: int = 0, world_size: int = 1) -> None:
         self.scorers = {}
         for split in SPLITS:
             reward_cfg = env_cfg[split].reward
             self.scorers[split] = AsyncRewardScorer(build_reward(reward_cfg), num_workers=reward_cfg.num_workers)
+        self._pending: dict[int, Future] = {}
+        self._tickets = itertools.count()
+
+    def submit(self, images: torch.Tensor, prompts: list[str], split: str = "train") -> int:
+        """Start scoring uint8 ``images`` ``[B, H, W, 3]`` (or frames ``[B, F, H, W, 3]``); returns a ticket."""
+        ticket = next(self._tickets)
+        self._pending[ticket] = self.scorers[split].submit(np.asarray(images), prompts)
+        return ticket
+
+    def collect(self, ticket: int) -> RewardOutput:
+        """The reward of a submitted batch (waits for it)."""
+        return self._pending.pop(ticket).result()
 
     def score(self, images: torch.Tensor, prompts: list[str], split: str = "train") -> RewardOutput:
-        """images: uint8 ``[B, H, W, 3]`` or ``[B, F, H, W, 3]``; returns the reward for each sample."""
-        return self.scorers[split].submit(np.asarray(images), prompts).result()
+        return self.collect(self.submit(images, prompts, split))
 
     def close(self) -> None:
         for scorer in self.scorers.values():

@@ -34,7 +34,7 @@ class RolloutWorker:
         return {k: v.expand(batch_size, *v.shape[1:]) for k, v in self._negative_cond.items()}
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], group_size: int, *, step: int, chunk: int, mode: str = "train") -> Batch:
+    def generate(self, prompts: list[str], group_size: int, step: int, chunk: int, mode: str = "train") -> Batch:
         """Sample ``group_size`` images for each of ``prompts`` (groups contiguous).
 
         Returns a Batch with tensors ``x0`` ``[N, *latent_shape]``, the conditioning tensors (``cond.<name>``,

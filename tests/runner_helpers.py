@@ -1,0 +1,59 @@
+"""Shared set-up for runner and checkpoint tests: a tiny random model, a prompt set, and a small recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rlrunner.config.loader import load_recipe
+from rlrunner.models.tiny_text import write_random_tiny
+
+# A recipe small enough for a CPU test (about a second per step): random 16x32 tiny model, 2 Euler steps,
+# 2 prompts x 4 samples per step, and a cheap reward that differs between samples.
+SMALL_OVERRIDES = [
+    "actor.model.tiny.resolution=[16,32]",
+    "actor.model.tiny.num_steps=2",
+    "actor.model.tiny.eval_num_steps=3",
+    "actor.model.tiny.lora_rank=4",
+    "actor.model.tiny.lora_alpha=4",
+    "algorithm.group_size=4",
+    "algorithm.nft_tau=[1.0,0.5,0,2]",
+    "env.train.total_num_envs=8",
+    "env.eval.total_num_envs=4",
+    "env.train.reward.model=jpeg_compressibility",
+    "env.eval.reward.model=jpeg_compressibility",
+    "actor.micro_batch_size=2",
+    "actor.global_batch_size=4",
+    "actor.optim.lr=1e-2",
+    "runner.val_check_interval=2",
+    "runner.sample_log_interval=1",
+    "runner.num_logged_samples=4",
+    "cluster.backend=local",
+]
+
+
+def make_assets(root: Path) -> tuple[Path, Path]:
+    """Random tiny model folder and a prompt directory with train/test splits under ``root``."""
+    model = Path(write_random_tiny(str(root / "model")))
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "train.txt").write_text("".join(f'a sign that says "{n}"\n' for n in range(2345, 2361)))
+    (data / "test.txt").write_text("".join(f'a label that reads "{n}"\n' for n in range(6789, 6797)))
+    return model, data
+
+
+def small_recipe(root: Path, *overrides: str) -> DictConfig:
+    model, data = make_assets(root) if not (root / "model").exists() else (root / "model", root / "data")
+    paths = [f"actor.model.model_path={model}", f"env.train.dataset.path={data}", f"env.eval.dataset.path={data}",
+             f"runner.logger.log_path={root / 'logs'}"]
+    return load_recipe("tiny_nft_ocr", [*SMALL_OVERRIDES, *paths, *overrides])
+
+
+def read_metrics(log_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_metrics(log_dir: Path) -> list[dict]:
+    return [m for m in read_metrics(log_dir) if "env/avg" in m]

@@ -1,0 +1,172 @@
+"""Checkpoints: exact resume (EMA included), crash safety, fallbacks, mismatch errors, pruning, export."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlrunner.checkpoint import CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
+from rlrunner.export import main as export_main
+from rlrunner.runner import Runner, run
+from runner_helpers import small_recipe, train_metrics
+
+TESTS = Path(__file__).resolve().parent
+MODEL_INFO_KEYS = ("model_type", "model_path", "lora_rank", "lora_alpha")
+
+
+def _run(root: Path, name: str, *overrides: str) -> Path:
+    log_dir = root / "logs" / name
+    log_dir.mkdir(parents=True)
+    run(small_recipe(root, *overrides), log_dir)
+    return log_dir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ckpt")
+    return _run(root, "20260101-000000-full", "runner.max_steps=6", "runner.save_interval=3")
+
+
+def _assert_same_checkpoint(a: Path, b: Path) -> None:
+    state_a, state_b = (torch.load(p / "actor" / "rank_0.pt", weights_only=False) for p in (a, b))
+    for adapter in ("default", "ema"):
+        for key, tensor in state_a["adapters"][adapter].items():
+            assert torch.equal(tensor, state_b["adapters"][adapter][key]), f"{adapter} {key}"
+    opt_a, opt_b = state_a["optimizer"]["state"], state_b["optimizer"]["state"]
+    assert opt_a.keys() == opt_b.keys()
+    for index in opt_a:
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt_a[index][key], opt_b[index][key]), f"optimizer state {index} {key}"
+    assert state_a["lr_scheduler"] == state_b["lr_scheduler"]
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(uninterrupted, monkeypatch):
+    """3 steps, stop, resume for 3 more → bitwise the same adapters, EMA, optimizer and logged rewards."""
+    root = uninterrupted.parents[1]
+    original = Runner.train_step
+
+    def stop_after_three(self):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(Runner, "train_step", stop_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        _run(root, "20260101-000001-part", "runner.max_steps=6", "runner.save_interval=3")
+    monkeypatch.setattr(Runner, "train_step", original)
+    first_half = root / "logs" / "20260101-000001-part"
+    resumed = _run(root, "20260101-000002-resumed", "runner.max_steps=6", "runner.save_interval=3",
+                   f"runner.resume_dir={first_half / 'checkpoints' / 'global_step_3'}")
+    _assert_same_checkpoint(uninterrupted / "checkpoints/global_step_6", resumed / "checkpoints/global_step_6")
+    full, second = train_metrics(uninterrupted), train_metrics(resumed)
+    assert [m["step"] for m in second] == [4, 5, 6]
+    for ours, reference in zip(second, full[3:]):
+        for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm", "train/actor/nft_tau"):
+            assert ours[key] == reference[key], key
+
+
+def test_sigkill_during_checkpoint_write_resumes_from_previous_complete(uninterrupted, tmp_path):
+    """A crash while global_step_4 is written leaves global_step_2 as the newest; auto-resume continues exactly."""
+    flag = tmp_path / "writing"
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(TESTS)!r})
+from pathlib import Path
+import rlrunner.runner as runner_module
+from rlrunner.runner import run
+from runner_helpers import small_recipe
+original = runner_module.save_checkpoint
+def slow_save(root, step, **kwargs):
+    if step == 4:
+        write = kwargs["write_adapters"]
+        def write_then_hang(directory):
+            write(directory)
+            Path({str(flag)!r}).touch()
+            time.sleep(600)
+        kwargs["write_adapters"] = write_then_hang
+    return original(root, step, **kwargs)
+runner_module.save_checkpoint = slow_save
+root = Path({str(tmp_path)!r})
+log_dir = root / "logs" / "20260101-000000-crash"
+log_dir.mkdir(parents=True)
+run(small_recipe(root, "runner.max_steps=6", "runner.save_interval=2"), log_dir)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=TESTS.parent)
+    deadline = time.monotonic() + 300
+    while not flag.exists():
+        assert proc.poll() is None, "training process ended before the checkpoint write"
+        assert time.monotonic() < deadline, "timed out waiting for the checkpoint write"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    crashed = tmp_path / "logs" / "20260101-000000-crash" / "checkpoints"
+    assert (crashed / "global_step_4.tmp").is_dir() and not (crashed / "global_step_4").exists()
+    assert [p.name for p in complete_checkpoints(crashed)] == ["global_step_2"]
+    resumed = _run(tmp_path, "20260101-000001-crash", "runner.max_steps=6", "runner.save_interval=2",
+                   "runner.resume_dir=auto")
+    assert [m["step"] for m in train_metrics(resumed)] == [3, 4, 5, 6]
+    _assert_same_checkpoint(uninterrupted / "checkpoints/global_step_6", resumed / "checkpoints/global_step_6")
+
+
+def test_checkpoint_without_ema_falls_back_with_a_warning(uninterrupted, tmp_path, caplog):
+    ckpt = shutil.copytree(uninterrupted / "checkpoints/global_step_3", tmp_path / "global_step_3")
+    state = torch.load(ckpt / "actor/rank_0.pt", weights_only=False)
+    del state["adapters"]["ema"]
+    torch.save(state, ckpt / "actor/rank_0.pt")
+    manifest = __import__("json").loads((ckpt / "manifest.json").read_text())
+    info = {k: manifest[k] for k in MODEL_INFO_KEYS}
+    with caplog.at_level(logging.WARNING):
+        loaded = load_checkpoint(ckpt, info, actor_world_size=1)
+    assert "NOT exact" in caplog.text
+    adapters = loaded["actor"][0]["adapters"]
+    assert all(torch.equal(adapters["ema"][k], adapters["default"][k]) for k in adapters["default"])
+
+
+def test_mismatched_or_partial_checkpoints_are_rejected_by_name(uninterrupted, tmp_path):
+    ckpt = uninterrupted / "checkpoints/global_step_3"
+    manifest = __import__("json").loads((ckpt / "manifest.json").read_text())
+    info = {k: manifest[k] for k in MODEL_INFO_KEYS}
+    with pytest.raises(CheckpointError, match=r"lora_rank=4, this recipe has lora_rank=8"):
+        load_checkpoint(ckpt, {**info, "lora_rank": 8}, actor_world_size=1)
+    with pytest.raises(CheckpointError, match=r"2 actor rank"):
+        load_checkpoint(ckpt, info, actor_world_size=2)
+    partial = shutil.copytree(ckpt, tmp_path / "global_step_3")
+    (partial / "actor/rank_0.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"missing \['actor/rank_0.pt'\]"):
+        load_checkpoint(partial, info, actor_world_size=1)
+    (partial / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"manifest.json is missing"):
+        load_checkpoint(partial, info, actor_world_size=1)
+    root = uninterrupted.parents[1]
+    with pytest.raises(Exception, match=r"lora_rank"):
+        _run(root, "20260101-000009-bad", "runner.max_steps=6", "actor.model.tiny.lora_rank=8",
+             "actor.model.tiny.lora_alpha=4", f"runner.resume_dir={ckpt}")
+
+
+def test_keep_last_n_prunes_old_checkpoints(tmp_path):
+    for step in range(1, 5):
+        save_checkpoint(tmp_path, step, runner_state={"step": step}, actor_states=[{}], config_yaml="",
+                        model_info={}, write_adapters=lambda d: None, keep_last_n=2)
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["global_step_3", "global_step_4"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_export_writes_a_diffusers_lora_folder(uninterrupted, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert export_main([str(uninterrupted), "--out", str(out), "--adapter", "ema"]) == 0
+    exported = load_file(out / "pytorch_lora_weights.safetensors")
+    original = load_file(uninterrupted / "checkpoints/global_step_6/adapter_ema/pytorch_lora_weights.safetensors")
+    assert exported.keys() == original.keys() and all(torch.equal(exported[k], original[k]) for k in exported)
+    assert "load_lora_weights" in (out / "README.md").read_text()
+    assert export_main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
