@@ -42,7 +42,20 @@ class Batch:
 
     @staticmethod
     def cat(batches: list[Batch]) -> Batch:
+        """Join along the batch. Tensors whose dim 1 differs (text conditioning of different token lengths, e.g.
+        Qwen-Image's embeddings and mask) are right-padded with zeros, which their masks mark as padding."""
         first = batches[0]
-        return Batch({k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
+        return Batch({k: _cat_padded([b.tensors[k] for b in batches]) for k in first.tensors},
                      {k: [x for b in batches for x in b.meta[k]] for k in first.meta})
+
+
+def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if tensors[0].dim() < 2 or len({t.shape[1] for t in tensors}) == 1:
+        return torch.cat(tensors)
+    length = max(t.shape[1] for t in tensors)
+    padded = []
+    for t in tensors:
+        pad = t.new_zeros((t.shape[0], length - t.shape[1], *t.shape[2:]))
+        padded.append(torch.cat([t, pad], dim=1))
+    return torch.cat(padded)
 

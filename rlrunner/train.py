@@ -79,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlrunner: recipe {args.config_name!r} is valid (dry run; resolved config in {log_dir}/config.yaml)",
               file=sys.stderr)
         return 0
-    from rlrunner.runner import run
-
     from rlrunner.checkpoint import CheckpointError
+    from rlrunner.runner import run
 
     try:
         run(cfg, log_dir)

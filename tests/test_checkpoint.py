@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from runner_helpers import small_recipe, train_metrics
 from safetensors.torch import load_file
 
 from rlrunner.checkpoint import CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
 from rlrunner.export import main as export_main
 from rlrunner.runner import Runner, run
-from runner_helpers import small_recipe, train_metrics
 
 TESTS = Path(__file__).resolve().parent
 MODEL_INFO_KEYS = ("model_type", "model_path", "lora_rank", "lora_alpha")

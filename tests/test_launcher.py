@@ -12,7 +12,8 @@ LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
 
 def launch(*args: str, log_root: Path) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root), "HOME": str(log_root)}
-    return subprocess.run(["bash", str(LAUNCHER), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run(["bash", str(LAUNCHER), *args], check=False, cwd=ROOT, env=env,
+                          capture_output=True, text=True,
                           timeout=300)
 
 
@@ -49,7 +50,8 @@ def test_misspelt_key_fails_naming_it(tmp_path):
 
 def test_python_entry_point_dry_run_starts_nothing(tmp_path):
     result = subprocess.run([sys.executable, "-m", "rlrunner.train", "--dry-run", "--config-name", "tiny_nft_ocr",
-                             f"runner.logger.log_path={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                             f"runner.logger.log_path={tmp_path}"], check=False, cwd=ROOT, capture_output=True,
+                            text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["actor"]["model"]["model_type"] == "tiny"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runner_helpers import read_metrics, small_recipe, train_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlrunner.cluster import WorkerError
 from rlrunner.runner import Runner, run
 from rlrunner.workers.rollout import RolloutWorker
-from runner_helpers import read_metrics, small_recipe, train_metrics
 
 REQUIRED_TAGS = {
     "env/avg", "env/reward_errors", "train/actor/nft_loss", "train/actor/nft_tau", "train/actor/delta_v_norm",

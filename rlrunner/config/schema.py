@@ -103,7 +103,7 @@ class DatasetConfig:
 @dataclass
 class RewardConfig:
     type: str = "single"  # single | multi
-    model: str = "ocr"  # ocr | video_ocr | image_stats
+    model: str = "ocr"  # ocr | video_ocr | image_stats | jpeg_compressibility
     key: str = "ocr"
     engine: str = "auto"  # auto | rapidocr | paddleocr
     use_gpu: bool = False

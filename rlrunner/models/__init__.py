@@ -36,4 +36,4 @@ def build_model(model_cfg: Any) -> FlowModel:
     return model_class(model_cfg.model_type).load(model_cfg.model_path, family_cfg, device=device, dtype=dtype)
 
 
-__all__ = ["ADAPTERS", "EMA_ADAPTER", "TRAINED_ADAPTER", "FlowModel", "MODEL_FAMILIES", "build_model", "model_class"]
+__all__ = ["ADAPTERS", "EMA_ADAPTER", "MODEL_FAMILIES", "TRAINED_ADAPTER", "FlowModel", "build_model", "model_class"]

@@ -7,13 +7,17 @@ talk to this interface, so SD3 / Wan / Qwen-Image / tiny differences never leak 
 Two LoRA adapters live on one denoiser: ``default`` (trained by the actor) and ``ema`` (the "old" policy used
 for rollouts and for ``v_old``). Switching between them touches only the LoRA layers collected once at build
 time, never peft's module-wide ``set_adapter`` (which walks every module and toggles ``requires_grad``).
+LoRA tensors are kept in float32 whatever the base dtype, so that AdamW and the EMA (tau down to 0.01) do not
+lose their small updates to bf16 rounding; peft casts the layer input to the adapter dtype and back.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,23 +33,93 @@ ADAPTERS = (TRAINED_ADAPTER, EMA_ADAPTER)
 Cond = dict[str, torch.Tensor]
 
 
+# ---------------------------------------------------------------------------------------------- loading helpers
+def check_model_path(model_path: str, pipeline_class_name: str, model_type: str) -> str:
+    """Validate ``actor.model.model_path``: a local diffusers pipeline folder, or a hub id ``org/name``.
+
+    Raises ``ValueError`` (empty, or a folder of another pipeline class) or ``FileNotFoundError`` (a local path
+    that does not exist or lacks ``model_index.json``), each naming the path.
+    """
+    if not model_path:
+        raise ValueError(f"actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
+                         f"(a {pipeline_class_name} checkpoint for model_type {model_type!r})")
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        index = path / "model_index.json"
+        if not index.is_file():
+            raise FileNotFoundError(f"actor.model.model_path {model_path!r} has no model_index.json: it is not a "
+                                    f"diffusers pipeline folder (save one with {pipeline_class_name}.save_pretrained)")
+        found = json.loads(index.read_text()).get("_class_name", "")
+        if found != pipeline_class_name:
+            raise ValueError(f"actor.model.model_path {model_path!r} holds a {found or 'unknown'} pipeline, but "
+                             f"model_type {model_type!r} expects a {pipeline_class_name}; fix model_type or the path")
+        return str(path)
+    if model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1 or path.exists():
+        raise FileNotFoundError(f"actor.model.model_path {model_path!r} does not exist; expected a local diffusers "
+                                f"folder with model_index.json or a hub id 'org/name'")
+    return model_path
+
+
+def load_pipeline(pipeline_cls: type, model_path: str, **kwargs: Any) -> Any:
+    """``pipeline_cls.from_pretrained(model_path, **kwargs)`` with an error that names the path on failure."""
+    try:
+        return pipeline_cls.from_pretrained(model_path, **kwargs)
+    except (OSError, ValueError) as err:
+        where = "folder" if Path(model_path).expanduser().is_dir() else "hub id (no local folder of that name)"
+        raise OSError(f"could not load {pipeline_cls.__name__} from {where} {model_path!r}: "
+                      f"{str(err).splitlines()[0].rstrip('.')}. Without network access, download it first and point "
+                      f"actor.model.model_path at the local folder") from err
+
+
+def resolution_hw(resolution: Any) -> tuple[int, int]:
+    """``512`` -> ``(512, 512)``; ``[704, 1280]`` -> ``(704, 1280)`` (height, width)."""
+    if isinstance(resolution, int):
+        return resolution, resolution
+    values = list(resolution)
+    if len(values) != 2 or not all(isinstance(v, int) for v in values):
+        raise ValueError(f"resolution must be an int or [height, width], got {resolution!r}")
+    return values[0], values[1]
+
+
+def check_divisible(height: int, width: int, multiple: int, family: str) -> None:
+    """Pixel sizes must map to whole latent patches."""
+    if height % multiple or width % multiple:
+        fix = [max(multiple, round(v / multiple) * multiple) for v in (height, width)]
+        raise ValueError(f"{family} resolution {height}x{width} must be divisible by {multiple} "
+                         f"(VAE factor x patch size); nearest valid: {fix[0]}x{fix[1]}")
+
+
+def to_uint8(pixels: torch.Tensor) -> np.ndarray:
+    """VAE output in [-1, 1], channels at dim 1 -> uint8 with channels last (as diffusers' postprocess)."""
+    pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)
+    return (pixels.movedim(1, -1) * 255).round().to(torch.uint8).cpu().numpy()
+
+
+# --------------------------------------------------------------------------------------------------- interface
 class FlowModel(abc.ABC):
     """Base class of the model families.
 
     Subclasses set ``self.transformer`` (an ``nn.Module`` whose forward the subclass calls in
-    :meth:`_predict_velocity`), ``self.lora_target_modules`` and implement the abstract methods.
+    :meth:`_predict_velocity`), ``self.lora_target_modules`` and implement the abstract methods. Families that
+    have text encoders / a VAE list them in ``self.text_encoders`` / ``self.vae`` so that offloading and
+    :meth:`release_text_encoders` / :meth:`release_vae` work for all of them.
     """
 
     #: diffusers pipeline class whose ``save_lora_weights`` / ``load_lora_weights`` read our adapters
     pipeline_class_name: str = ""
     lora_target_modules: tuple[str, ...] = ()
+    #: images per VAE decode call (bounds decode memory at full resolution)
+    decode_batch_size: int = 8
 
     def __init__(self, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         self.cfg = family_cfg
         self.device = device
         self.dtype = dtype
         self.transformer: nn.Module
+        self.text_encoders: dict[str, nn.Module] = {}
+        self.vae: nn.Module | None = None
         self._lora_layers: list[nn.Module] = []
+        self._negative_cond: Cond | None = None
 
     # ------------------------------------------------------------------ family-specific
     @property
@@ -63,20 +137,60 @@ class FlowModel(abc.ABC):
 
     @abc.abstractmethod
     def decode(self, latents: torch.Tensor) -> np.ndarray:
-        """Latents to uint8 pixels: ``[B, H, W, 3]`` for images, ``[B, F, H, W, 3]`` for video."""
+        """Latents to uint8 pixels: ``[B, H, W, 3]`` for images, ``[B, F, H, W, 3]`` when :attr:`is_video`."""
 
     # ------------------------------------------------------------------ shared behaviour
+    def _option(self, name: str) -> bool:
+        """A boolean family setting; absent (a family config without it) counts as off."""
+        return bool(getattr(self.cfg, name, False))
+
     @property
     def is_video(self) -> bool:
+        """Whether :meth:`decode` returns frames ``[B, F, H, W, 3]`` (video families at num_frames 1 do not)."""
         return len(self.latent_shape) == 4
 
-    def velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond, adapter: str | None = TRAINED_ADAPTER):
+    def make_noise(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Starting noise ``[batch_size, *latent_shape]`` (float32, on ``self.device``) from ``generator``."""
+        gen_device = generator.device if generator is not None else self.device
+        noise = torch.randn((batch_size, *self.latent_shape), generator=generator, device=gen_device)
+        return noise.to(self.device)
+
+    def concat_cond(self, conds: list[Cond]) -> Cond:
+        """Concatenate conditionings along the batch (families with ragged text lengths override this)."""
+        return {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
+
+    def repeat_cond(self, cond: Cond, repeats: int) -> Cond:
+        """Each row ``repeats`` times, contiguously (``[p0, p0, p1, p1]``): one prompt group per prompt."""
+        return {k: v.repeat_interleave(repeats, dim=0) for k, v in cond.items()}
+
+    def encode_prompt_batch(self, prompts: list[str]) -> Cond:
+        """Like :meth:`encode_prompts` but runs the text encoders once per distinct prompt (groups repeat them)."""
+        unique = list(dict.fromkeys(prompts))
+        cond = self.encode_prompts(unique)
+        index = torch.tensor([unique.index(p) for p in prompts], device=self.device)
+        return {k: v.index_select(0, index.to(v.device)) for k, v in cond.items()}
+
+    def negative_cond(self, batch_size: int) -> Cond:
+        """Conditioning of ``cfg.negative_prompt`` (encoded once, cached) repeated to ``batch_size`` rows."""
+        if self._negative_cond is None:
+            self._negative_cond = self.encode_prompts([str(self.cfg.negative_prompt)])
+        return self.repeat_cond(self._negative_cond, batch_size)
+
+    def velocity(
+        self, latents: torch.Tensor, t: torch.Tensor, cond: Cond, adapter: str | None = TRAINED_ADAPTER
+    ) -> torch.Tensor:
         """``v(x_t, t)`` with ``adapter`` active (``None`` = base model, adapters off).
 
-        latents: ``[B, *latent_shape]``; t: ``[B]`` in [0, 1] (1 = noise). Returns ``[B, *latent_shape]``.
+        latents: ``[B, *latent_shape]``; t: ``[B]`` in [0, 1] (1 = noise). Returns ``[B, *latent_shape]`` in
+        ``latents``' dtype. With gradient checkpointing, backward re-runs the blocks with ``default`` active,
+        so a call that records a graph must use ``default`` (``v_old`` / ``v_base`` go under ``torch.no_grad()``).
         """
+        if adapter != TRAINED_ADAPTER and torch.is_grad_enabled() and self._option("gradient_checkpointing"):
+            raise RuntimeError(f"velocity(adapter={adapter!r}) with gradients and gradient checkpointing would be "
+                               f"recomputed with the {TRAINED_ADAPTER!r} adapter in backward; wrap it in "
+                               f"torch.no_grad()")
         with self.use_adapter(adapter):
-            return self._predict_velocity(latents, t, cond)
+            return self._predict_velocity(latents, t, cond).to(latents.dtype)
 
     @torch.no_grad()
     def sample(
@@ -90,30 +204,137 @@ class FlowModel(abc.ABC):
         negative_cond: Cond | None = None,
         adapter: str | None = EMA_ADAPTER,
         return_trajectory: bool = False,
-    ):
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Integrate the flow ODE from ``noise`` (t = 1) to a clean latent (t = 0).
 
-        Classifier-free guidance (``guidance_scale > 1``) runs the conditional and ``negative_cond`` halves in
-        one batched call: ``v = v_neg + g (v_cond - v_neg)``.
+        cond: ``[B, ...]`` tensors; noise: ``[B, *latent_shape]`` (float32 keeps the update math in fp32).
+        Classifier-free guidance (``guidance_scale > 1``) runs the ``negative_cond`` and conditional halves in one
+        batched call: ``v = v_neg + g (v_cond - v_neg)``; ``negative_cond`` defaults to ``cfg.negative_prompt``
+        and may have batch 1. Returns x0 ``[B, *latent_shape]`` (and the N + 1 states if ``return_trajectory``).
         """
-        if guidance_scale > 1.0 and negative_cond is None:
-            raise ValueError(f"guidance_scale={guidance_scale} needs a negative prompt conditioning (negative_cond)")
         sigmas = sigma_schedule(num_steps, shift=float(self.cfg.shift), device=noise.device)
         use_cfg = guidance_scale > 1.0
+        if use_cfg:
+            batch = noise.shape[0]
+            negative_cond = negative_cond if negative_cond is not None else self.negative_cond(1)
+            if next(iter(negative_cond.values())).shape[0] == 1 and batch > 1:
+                negative_cond = self.repeat_cond(negative_cond, batch)
+            cond = self.concat_cond([negative_cond, cond])
 
         def velocity_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             if not use_cfg:
                 return self._predict_velocity(x.to(self.dtype), t, cond)
-            both = {k: torch.cat([negative_cond[k], cond[k]]) for k in cond}
-            v_neg, v_cond = self._predict_velocity(torch.cat([x, x]).to(self.dtype), torch.cat([t, t]), both).chunk(2)
+            v_neg, v_cond = self._predict_velocity(torch.cat([x, x]).to(self.dtype), torch.cat([t, t]), cond).chunk(2)
             return v_neg + guidance_scale * (v_cond - v_neg)
 
         with self.use_adapter(adapter):
             return sample_flow(velocity_fn, noise, sigmas, sampler=sampler, return_trajectory=return_trajectory)
 
+    # ------------------------------------------------------------------ reference: the diffusers pipeline itself
+    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+        """Arguments of ``self.pipe(...)`` that reproduce ``sample(cond, noise)`` without CFG (per family)."""
+        raise NotImplementedError(f"{type(self).__name__} has no diffusers pipeline to compare with")
+
+    def _from_pipeline_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents
+
+    @torch.no_grad()
+    def pipeline_sample(self, cond: Cond, noise: torch.Tensor, *, num_steps: int,
+                        adapter: str | None = EMA_ADAPTER) -> torch.Tensor:
+        """The rollout of :meth:`sample` (Euler, no CFG) through the diffusers pipeline's own ``__call__``.
+
+        The pipeline's scheduler is swapped, for the call only, for a flow-matching Euler scheduler on the same
+        sigma grid, so the result equals ``sample(..., sampler="euler")`` (to float rounding of the grid). For
+        tests and ``bench/rollout_overhead.py``. Returns x0 ``[B, *latent_shape]``.
+        """
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        class GridEulerScheduler(FlowMatchEulerDiscreteScheduler):
+            def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
+                grid = np.linspace(1.0, 0.0, (num_inference_steps or len(sigmas)) + 1)[:-1]
+                super().set_timesteps(sigmas=grid.tolist(), device=device)
+
+        original = self.pipe.scheduler
+        self.pipe.scheduler = GridEulerScheduler(shift=float(self.cfg.shift))
+        try:
+            with self.use_adapter(adapter):
+                out = self.pipe(**self._pipeline_kwargs(cond, noise), num_inference_steps=num_steps,
+                                output_type="latent", return_dict=False)[0]
+        finally:
+            self.pipe.scheduler = original
+        return self._from_pipeline_latents(out)
+
+    # ------------------------------------------------------------------ text encoders / VAE placement
+    @contextlib.contextmanager
+    def text_encoders_on_device(self) -> Iterator[None]:
+        """Text encoders on ``self.device`` for the block; with ``offload_text_encoder`` they return to CPU."""
+        if not self.text_encoders:
+            raise RuntimeError("the text encoders were released (release_text_encoders); this worker cannot "
+                               "encode prompts, pass it precomputed conditioning instead")
+        offload = self._option("offload_text_encoder")
+        for module in self.text_encoders.values():
+            module.to(self.device)
+        try:
+            yield
+        finally:
+            if offload:
+                for module in self.text_encoders.values():
+                    module.to("cpu")
+                _empty_cache(self.device)
+
+    @contextlib.contextmanager
+    def vae_on_device(self) -> Iterator[nn.Module]:
+        """The VAE on ``self.device`` for the block; with ``offload_vae`` it returns to CPU afterwards."""
+        if self.vae is None:
+            raise RuntimeError("the VAE was released (release_vae); this worker cannot decode latents")
+        self.vae.to(self.device)
+        try:
+            yield self.vae
+        finally:
+            if self._option("offload_vae"):
+                self.vae.to("cpu")
+                _empty_cache(self.device)
+
+    def release_text_encoders(self) -> None:
+        """Free the text encoders (workers that only receive precomputed conditioning)."""
+        self.text_encoders.clear()
+        self._drop_pipeline_components("text_encoder")
+        _empty_cache(self.device)
+
+    def release_vae(self) -> None:
+        """Free the VAE (workers that never decode)."""
+        self.vae = None
+        self._drop_pipeline_components("vae")
+        _empty_cache(self.device)
+
+    def _drop_pipeline_components(self, prefix: str) -> None:
+        pipe = getattr(self, "pipe", None)
+        for name in list(getattr(pipe, "components", {})):
+            if name.startswith(prefix):
+                setattr(pipe, name, None)
+
+    def _place_components(self) -> None:
+        """Initial placement: transformer on device; text encoders / VAE on device unless offloaded."""
+        self.transformer.to(self.device)
+        for module in self.text_encoders.values():
+            module.requires_grad_(False).eval().to("cpu" if self._option("offload_text_encoder") else self.device)
+        if self.vae is not None:
+            self.vae.requires_grad_(False).eval().to("cpu" if self._option("offload_vae") else self.device)
+
+    def _setup_transformer(self) -> None:
+        """Freeze, optionally checkpoint, add the LoRA adapters (and load ``lora_path``), place on device."""
+        self.transformer.requires_grad_(False).eval()
+        if self._option("gradient_checkpointing"):
+            self.transformer.enable_gradient_checkpointing()
+        if self.cfg.use_lora:
+            self._add_lora_adapters(int(self.cfg.lora_rank), int(self.cfg.lora_alpha))
+            if self.cfg.lora_path:
+                self.load_lora(str(self.cfg.lora_path))
+        self._place_components()
+
     # ------------------------------------------------------------------ LoRA adapters
     def _add_lora_adapters(self, rank: int, alpha: int, init: str | bool = "gaussian") -> None:
-        """Put the ``default`` and ``ema`` LoRA adapters (same init) on the denoiser, base frozen."""
+        """Put the ``default`` and ``ema`` LoRA adapters (same init, float32) on the denoiser, base frozen."""
         from peft import LoraConfig
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -123,9 +344,14 @@ class FlowModel(abc.ABC):
         for name in ADAPTERS:
             self.transformer.add_adapter(lora_config, adapter_name=name)
         self._lora_layers = [m for m in self.transformer.modules() if isinstance(m, BaseTunerLayer)]
-        self.load_lora_state_dict(EMA_ADAPTER, self.lora_state_dict(TRAINED_ADAPTER))
+        if not self._lora_layers:
+            raise ValueError(f"no module of {type(self.transformer).__name__} matches the LoRA targets "
+                             f"{list(self.lora_target_modules)}")
         for pname, param in self.transformer.named_parameters():
+            if any(f".{a}." in pname for a in ADAPTERS):
+                param.data = param.data.float()
             param.requires_grad_(f".{TRAINED_ADAPTER}." in pname)
+        self.load_lora_state_dict(EMA_ADAPTER, self.lora_state_dict(TRAINED_ADAPTER))
         self._activate(TRAINED_ADAPTER)
 
     def _activate(self, adapter: str | None) -> None:
@@ -141,11 +367,14 @@ class FlowModel(abc.ABC):
         """Run the block with ``adapter`` active (``None``: base model), then restore ``default``."""
         if adapter is not None and adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)} or None (base model)")
+        if adapter is not None and not self._lora_layers:
+            raise ValueError(f"adapter {adapter!r} asked for, but this model has no LoRA (use_lora: false)")
         self._activate(adapter)
         try:
             yield
         finally:
-            self._activate(TRAINED_ADAPTER)
+            if self._lora_layers:
+                self._activate(TRAINED_ADAPTER)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.transformer.parameters() if p.requires_grad]
@@ -175,13 +404,50 @@ class FlowModel(abc.ABC):
                                  f"{tuple(param.shape)} (different lora_rank or model?)")
             param.copy_(state[name].to(param.device, param.dtype))
 
-    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
-        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it."""
-        import diffusers
-        from diffusers.utils import convert_state_dict_to_diffusers
-        from peft.utils import get_peft_model_state_dict
+    def _lora_config_dict(self, adapter: str) -> dict[str, Any]:
+        config = self.transformer.peft_config[adapter].to_dict()
+        config["target_modules"] = sorted(config["target_modules"])
+        return {k: v for k, v in config.items() if k in ("r", "lora_alpha", "target_modules", "init_lora_weights",
+                                                            "lora_dropout", "bias", "use_rslora", "use_dora")}
 
-        state = get_peft_model_state_dict(self.transformer, adapter_name=adapter)
-        state = {k: v.detach().cpu().contiguous() for k, v in convert_state_dict_to_diffusers(state).items()}
+    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
+        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it.
+
+        The LoRA config (rank, alpha, targets) goes into the safetensors metadata, so the loader applies the
+        same ``alpha / rank`` scale as training did.
+        """
+        import diffusers
+
+        state = {k: v.contiguous() for k, v in self.lora_state_dict(adapter).items()}
         pipeline_cls = getattr(diffusers, self.pipeline_class_name)
-        pipeline_cls.save_lora_weights(directory, transformer_lora_layers=state, safe_serialization=True)
+        pipeline_cls.save_lora_weights(directory, transformer_lora_layers=state, safe_serialization=True,
+                                       transformer_lora_adapter_metadata=self._lora_config_dict(adapter))
+
+    def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
+        """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save_lora`) into ``adapters``."""
+        import diffusers
+
+        pipeline_cls = getattr(diffusers, self.pipeline_class_name)
+        try:
+            state, metadata = pipeline_cls.lora_state_dict(path, return_lora_metadata=True)
+        except (OSError, ValueError) as err:
+            raise FileNotFoundError(f"lora_path {path!r}: cannot read a diffusers LoRA there "
+                                    f"({str(err).splitlines()[0]})") from err
+        prefix = "transformer."
+        state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+        metadata = {k.removeprefix(prefix): v for k, v in (metadata or {}).items() if k.startswith(prefix)}
+        ours = self._lora_config_dict(TRAINED_ADAPTER)
+        if metadata and metadata.get("lora_alpha", ours["lora_alpha"]) / metadata.get("r", ours["r"]) != (
+            ours["lora_alpha"] / ours["r"]
+        ):
+            raise ValueError(f"lora_path {path!r} was trained with rank {metadata.get('r')} / alpha "
+                             f"{metadata.get('lora_alpha')}, the recipe sets lora_rank {ours['r']} / lora_alpha "
+                             f"{ours['lora_alpha']}; make them match")
+        for adapter in adapters:
+            self.load_lora_state_dict(adapter, state)
+
+
+def _empty_cache(device: torch.device) -> None:
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and backend is not None and hasattr(backend, "empty_cache"):
+        backend.empty_cache()

@@ -1,0 +1,46 @@
+"""Rewards: OCR of the prompt's quoted text (image and video), pixel statistics, weighted combinations.
+
+    from rlrunner.rewards import AsyncRewardScorer, build_reward
+    reward = build_reward(cfg.env.train.reward)          # registry lookup on cfg.type / cfg.model
+    out = reward(images, prompts)                        # RewardOutput: avg, parts, errors, extra
+    with AsyncRewardScorer(reward, num_workers=cfg.env.train.reward.num_workers) as scorer:
+        future = scorer.submit(images, prompts)
+
+Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility`` (``reward.model``); types ``single`` and ``multi``
+(``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``).
+"""
+
+from . import image_stats, multi, ocr, video_ocr  # noqa: F401  (modules register themselves)
+from .base import REWARD_TYPES, REWARDS, Reward, RewardOutput, RewardSpec, build_reward, register_reward
+from .engines import ENGINES, OcrEngine, build_engine, installed_engines, register_engine
+from .image_stats import ImageStatsReward, JpegCompressibilityReward, PixelReward
+from .multi import MultiReward
+from .ocr import OcrReward, extract_target, ocr_score
+from .scorer import AsyncRewardScorer
+from .video_ocr import VideoOcrReward, chunk_frame_scores, num_chunks
+
+__all__ = [
+    "ENGINES",
+    "REWARDS",
+    "REWARD_TYPES",
+    "AsyncRewardScorer",
+    "ImageStatsReward",
+    "JpegCompressibilityReward",
+    "MultiReward",
+    "OcrEngine",
+    "OcrReward",
+    "PixelReward",
+    "Reward",
+    "RewardOutput",
+    "RewardSpec",
+    "VideoOcrReward",
+    "build_engine",
+    "build_reward",
+    "chunk_frame_scores",
+    "extract_target",
+    "installed_engines",
+    "num_chunks",
+    "ocr_score",
+    "register_engine",
+    "register_reward",
+]

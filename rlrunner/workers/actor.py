@@ -81,10 +81,12 @@ class ActorWorker:
 
     def _micro_loss(self, micro: Batch, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         """NFT loss on one micro-batch with fresh noise: x_t from the rollout's x0 (``nft_xcur_source: resample``)."""
-        device, dtype = self.model.device, self.model.dtype
+        device = self.model.device
         x0 = micro.tensors["x0"]
         x_t, t, _ = sample_xt(x0, int(self.family_cfg.num_steps), generator=generator)
-        x0, x_t, t = x0.to(device), x_t.to(device, dtype), t.to(device)
+        # float32 latents: the model casts its input to its own dtype and returns velocities in the input's
+        # dtype, so the NFT loss runs in float32 even for a bf16 transformer
+        x0, x_t, t = x0.to(device), x_t.to(device), t.to(device)
         cond = _cond(micro, device)
         with torch.no_grad():
             v_old = self.model.velocity(x_t, t, cond, adapter=EMA_ADAPTER)

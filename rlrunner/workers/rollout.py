@@ -24,14 +24,6 @@ class RolloutWorker:
         self.model = build_model(model_cfg)
         self.family_cfg = model_cfg[model_cfg.model_type]
         self.seed, self.rank = seed, rank
-        self._negative_cond: dict[str, torch.Tensor] | None = None
-
-    def _negative(self, batch_size: int, guidance_scale: float) -> dict[str, torch.Tensor] | None:
-        if guidance_scale <= 1.0:
-            return None
-        if self._negative_cond is None:
-            self._negative_cond = self.model.encode_prompts([self.family_cfg.negative_prompt])
-        return {k: v.expand(batch_size, *v.shape[1:]) for k, v in self._negative_cond.items()}
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, step: int, chunk: int, mode: str = "train") -> Batch:
@@ -46,14 +38,14 @@ class RolloutWorker:
         cfg = self.family_cfg
         guidance = cfg.guidance_scale if train else cfg.eval_guidance_scale
         # text encoders run once per prompt; the embeddings are repeated for the group
-        cond = {k: v.repeat_interleave(group_size, dim=0) for k, v in self.model.encode_prompts(prompts).items()}
+        cond = self.model.repeat_cond(self.model.encode_prompts(prompts), group_size)
         n = len(prompts) * group_size
         generator = torch.Generator().manual_seed(derive_seed(self.seed, f"rollout-{mode}", self.rank, step, chunk))
         noise = torch.randn((n, *self.model.latent_shape), generator=generator).to(self.model.device)
         x0 = self.model.sample(
             cond, noise, sampler=cfg.train_sampler if train else cfg.eval_sampler,
             num_steps=cfg.num_steps if train else cfg.eval_num_steps, guidance_scale=guidance,
-            negative_cond=self._negative(n, guidance), adapter=EMA_ADAPTER if train else TRAINED_ADAPTER,
+            adapter=EMA_ADAPTER if train else TRAINED_ADAPTER,
         )
         images = self.model.decode(x0)
         tensors = {"x0": x0.float().cpu(), "images": torch.from_numpy(np.ascontiguousarray(images))}

@@ -1,0 +1,147 @@
+"""Qwen-Image (``model_type: qwen_image``): QwenImageTransformer2DModel + AutoencoderKLQwenImage + Qwen2.5-VL.
+
+Mirrors ``diffusers.QwenImagePipeline``:
+
+* prompts are encoded by the pipeline's ``encode_prompt`` (chat template, last hidden state, template tokens
+  dropped); embeddings are padded to the longest prompt of the batch and come with a 0/1 mask. The pipeline
+  passes ``mask = None`` when nothing is padded; we keep the mask in the conditioning (so batches concatenate)
+  and hand ``None`` to the transformer in exactly that case.
+* latents ``[B, 16, H/8, W/8]`` are packed into 2x2 patches ``[B, (H/16)(W/16), 64]`` for the transformer and
+  unpacked after; ``img_shapes = [(1, H/16, W/16)]`` per sample; the transformer takes ``timestep = sigma``.
+* decoding: ``vae.decode(latents * latents_std + latents_mean)`` on a 1-frame video, in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlrunner.models.base import (
+    Cond,
+    FlowModel,
+    check_divisible,
+    check_model_path,
+    load_pipeline,
+    resolution_hw,
+    to_uint8,
+)
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """``[B, C, h, w]`` -> ``[B, (h/2)(w/2), 4C]`` (the pipeline's ``_pack_latents``)."""
+    b, c, h, w = latents.shape
+    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(packed: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``[B, (h/2)(w/2), 4C]`` -> ``[B, C, h, w]`` (the pipeline's ``_unpack_latents`` without the frame axis)."""
+    b, _, channels = packed.shape
+    latents = packed.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return latents.reshape(b, channels // 4, h, w)
+
+
+class QwenImageFlowModel(FlowModel):
+    """Qwen-Image behind :class:`~rlrunner.models.base.FlowModel`.
+
+    Conditioning: ``prompt_embeds [B, L, 3584]`` and ``prompt_mask [B, L]`` (int64, 1 = token, 0 = padding;
+    ``L`` = longest prompt of the batch, at most ``max_sequence_length``). Latents: ``[B, 16, H/8, W/8]``.
+    """
+
+    pipeline_class_name = "QwenImagePipeline"
+    # joint-attention projections of both streams, as SD3's targets
+    lora_target_modules = (
+        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+    )
+
+    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(family_cfg, device=device, dtype=dtype)
+        if pipe.transformer.config.guidance_embeds:
+            raise ValueError("guidance-distilled Qwen-Image transformers (guidance_embeds: true) are not supported")
+        if int(family_cfg.max_sequence_length) > 1024:
+            raise ValueError(f"qwen_image max_sequence_length {family_cfg.max_sequence_length} exceeds 1024")
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.vae = pipe.vae
+        self.text_encoders = {"text_encoder": pipe.text_encoder}
+        self.height, self.width = resolution_hw(family_cfg.resolution)
+        self.vae_scale_factor = pipe.vae_scale_factor
+        check_divisible(self.height, self.width, self.vae_scale_factor * 2, "qwen_image")
+        self._setup_transformer()
+
+    @classmethod
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> QwenImageFlowModel:
+        """Load from a local diffusers folder or a hub id; transformer / text encoder in ``dtype``, VAE fp32."""
+        from diffusers import AutoencoderKLQwenImage, QwenImagePipeline
+
+        path = check_model_path(model_path, cls.pipeline_class_name, "qwen_image")
+        vae = load_pipeline(AutoencoderKLQwenImage, path, subfolder="vae", dtype=torch.float32)
+        pipe = load_pipeline(QwenImagePipeline, path, vae=vae, dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, family_cfg, device=device, dtype=dtype)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        return (self.vae.config.z_dim if self.vae is not None else self.transformer.config.in_channels // 4,
+                self.height // self.vae_scale_factor, self.width // self.vae_scale_factor)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """``{"prompt_embeds": [B, L, D] (model dtype), "prompt_mask": [B, L] int64}``."""
+        with self.text_encoders_on_device():
+            embeds, mask = self.pipe.encode_prompt(
+                prompt=list(prompts), device=self.device, max_sequence_length=int(self.cfg.max_sequence_length),
+            )
+        if mask is None:  # the pipeline drops an all-ones mask
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        return {"prompt_embeds": embeds.to(self.dtype), "prompt_mask": mask.long()}
+
+    def concat_cond(self, conds: list[Cond]) -> Cond:
+        """Concatenate along the batch, zero-padding embeddings and masks to the longest text."""
+        length = max(c["prompt_embeds"].shape[1] for c in conds)
+
+        def pad(x: torch.Tensor) -> torch.Tensor:
+            return F.pad(x, (0, 0, 0, length - x.shape[1]) if x.dim() == 3 else (0, length - x.shape[1]))
+
+        return {k: torch.cat([pad(c[k]) for c in conds]) for k in ("prompt_embeds", "prompt_mask")}
+
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """latents ``[B, C, h, w]``, t ``[B]`` sigmas -> v ``[B, C, h, w]`` (model dtype)."""
+        batch, _, h, w = latents.shape
+        mask = cond.get("prompt_mask")
+        if mask is not None and bool(mask.all()):
+            mask = None  # as the pipeline: no mask when nothing is padded
+        packed = self.transformer(
+            hidden_states=pack_latents(latents.to(self.dtype)),
+            timestep=t.to(self.dtype),
+            encoder_hidden_states=cond["prompt_embeds"],
+            encoder_hidden_states_mask=mask,
+            img_shapes=[[(1, h // 2, w // 2)]] * batch,
+            return_dict=False,
+        )[0]
+        return unpack_latents(packed, h, w)
+
+    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+        return {"prompt_embeds": cond["prompt_embeds"], "prompt_embeds_mask": cond["prompt_mask"],
+                "latents": pack_latents(noise), "height": self.height, "width": self.width, "true_cfg_scale": 1.0}
+
+    def _from_pipeline_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        _, h, w = self.latent_shape
+        return unpack_latents(latents, h, w)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""
+        images = []
+        with self.vae_on_device() as vae:
+            shape = (1, vae.config.z_dim, 1, 1, 1)
+            mean = torch.tensor(vae.config.latents_mean, device=self.device).view(shape)
+            std = torch.tensor(vae.config.latents_std, device=self.device).view(shape)
+            for chunk in latents.split(self.decode_batch_size):
+                z = chunk.to(self.device, torch.float32)[:, :, None] * std + mean
+                images.append(to_uint8(vae.decode(z, return_dict=False)[0][:, :, 0]))
+        return np.concatenate(images)

@@ -1,0 +1,104 @@
+"""Stable Diffusion 3 / 3.5 (``model_type: sd3``): SD3Transformer2DModel + AutoencoderKL + 2x CLIP + T5.
+
+Mirrors ``diffusers.StableDiffusion3Pipeline``: prompts are encoded by the pipeline's own ``encode_prompt``
+(CLIP penultimate hidden states padded to T5 width and concatenated with T5 tokens, pooled CLIP outputs),
+the transformer gets ``timestep = 1000 * sigma``, and latents are decoded as
+``vae.decode(latents / scaling_factor + shift_factor)`` in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlrunner.models.base import (
+    Cond,
+    FlowModel,
+    check_divisible,
+    check_model_path,
+    load_pipeline,
+    resolution_hw,
+    to_uint8,
+)
+
+
+class SD3FlowModel(FlowModel):
+    """SD3 family behind :class:`~rlrunner.models.base.FlowModel`.
+
+    Conditioning: ``prompt_embeds [B, 77 + max_sequence_length, 4096]``, ``pooled_prompt_embeds [B, 2048]``
+    (SD3.5-Medium sizes). Latents: ``[B, 16, H/8, W/8]``.
+    """
+
+    pipeline_class_name = "StableDiffusion3Pipeline"
+    # the reference code's targets (flow_grpo / DiffusionNFT); "attn.*" leaves SD3.5's extra attn2 untouched
+    lora_target_modules = (
+        "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+        "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
+    )
+
+    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(family_cfg, device=device, dtype=dtype)
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.vae = pipe.vae
+        self.text_encoders = {n: getattr(pipe, n) for n in ("text_encoder", "text_encoder_2", "text_encoder_3")
+                              if getattr(pipe, n) is not None}
+        self.height, self.width = resolution_hw(family_cfg.resolution)
+        self.vae_scale_factor = pipe.vae_scale_factor
+        check_divisible(self.height, self.width, self.vae_scale_factor * pipe.patch_size, "sd3")
+        if int(family_cfg.max_sequence_length) > 512:
+            raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
+        self._setup_transformer()
+
+    @classmethod
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> SD3FlowModel:
+        """Load from a local diffusers folder or a hub id; transformer / text encoders in ``dtype``, VAE fp32."""
+        from diffusers import AutoencoderKL, StableDiffusion3Pipeline
+
+        path = check_model_path(model_path, cls.pipeline_class_name, "sd3")
+        vae = load_pipeline(AutoencoderKL, path, subfolder="vae", dtype=torch.float32)
+        pipe = load_pipeline(StableDiffusion3Pipeline, path, vae=vae, dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, family_cfg, device=device, dtype=dtype)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        return (self.transformer.config.in_channels, self.height // self.vae_scale_factor,
+                self.width // self.vae_scale_factor)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """``{"prompt_embeds": [B, L, D], "pooled_prompt_embeds": [B, P]}`` in the model dtype."""
+        with self.text_encoders_on_device():
+            embeds, _, pooled, _ = self.pipe.encode_prompt(
+                prompt=list(prompts), prompt_2=None, prompt_3=None, device=self.device,
+                do_classifier_free_guidance=False, max_sequence_length=int(self.cfg.max_sequence_length),
+            )
+        return {"prompt_embeds": embeds.to(self.dtype), "pooled_prompt_embeds": pooled.to(self.dtype)}
+
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """latents ``[B, C, h, w]``, t ``[B]`` sigmas -> v ``[B, C, h, w]`` (model dtype)."""
+        return self.transformer(
+            hidden_states=latents.to(self.dtype),
+            timestep=t.float() * 1000,
+            encoder_hidden_states=cond["prompt_embeds"],
+            pooled_projections=cond["pooled_prompt_embeds"],
+            return_dict=False,
+        )[0]
+
+    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+        return {"prompt_embeds": cond["prompt_embeds"], "pooled_prompt_embeds": cond["pooled_prompt_embeds"],
+                "latents": noise, "height": self.height, "width": self.width, "guidance_scale": 1.0}
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""
+        images = []
+        with self.vae_on_device() as vae:
+            scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
+            for chunk in latents.split(self.decode_batch_size):
+                z = chunk.to(self.device, torch.float32) / scale + shift
+                images.append(to_uint8(vae.decode(z, return_dict=False)[0]))
+        return np.concatenate(images)

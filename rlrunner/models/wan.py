@@ -1,0 +1,153 @@
+"""Wan2.2 TI2V-5B (``model_type: wan22_ti2v_5b``): WanTransformer3DModel + AutoencoderKLWan + UMT5.
+
+Mirrors ``diffusers.WanPipeline`` for text-to-video (``condition_mode: t2v``):
+
+* ``num_frames`` = 4k + 1 (1 = a single image, decoded as ``[B, H, W, 3]``); latent frames
+  ``1 + (num_frames - 1) / 4`` (4x temporal VAE); latent size ``H/16 x W/16`` with 48 channels (the 5B
+  model's VAE: 16x spatial compression).
+* the transformer gets ``timestep = 1000 * sigma``; with the pipeline config's ``expand_timesteps`` (Wan2.2
+  TI2V) it is expanded to one timestep per patch token, ``[B, F * (h/2) * (w/2)]``, exactly as the pipeline
+  builds it from its all-ones t2v mask.
+* prompts are encoded by the pipeline's ``encode_prompt`` (UMT5, zero-padded to ``max_sequence_length``).
+* decoding: ``vae.decode(latents * latents_std + latents_mean)`` in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlrunner.models.base import (
+    Cond,
+    FlowModel,
+    check_divisible,
+    check_model_path,
+    load_pipeline,
+    resolution_hw,
+    to_uint8,
+)
+
+CONDITION_MODES = ("t2v",)
+
+
+def latent_num_frames(num_frames: int, temporal_factor: int = 4) -> int:
+    """Latent frames for ``num_frames`` pixel frames (4k + 1): ``1 + (num_frames - 1) / temporal_factor``."""
+    if num_frames < 1 or (num_frames - 1) % temporal_factor:
+        below = max(1, (num_frames - 1) // temporal_factor * temporal_factor + 1)
+        raise ValueError(f"num_frames must be {temporal_factor}k + 1 (1 = image), got {num_frames}; nearest valid: "
+                         f"{below} or {below + temporal_factor}")
+    return 1 + (num_frames - 1) // temporal_factor
+
+
+class WanFlowModel(FlowModel):
+    """Wan2.2 TI2V-5B behind :class:`~rlrunner.models.base.FlowModel`.
+
+    Conditioning: ``prompt_embeds [B, max_sequence_length, 4096]``. Latents: ``[B, 48, F', H/16, W/16]``,
+    ``F' = 1 + (num_frames - 1) / 4``.
+    """
+
+    pipeline_class_name = "WanPipeline"
+    # the reference code's targets: self- and cross-attention projections and the FFN
+    lora_target_modules = (
+        "attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+        "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+        "ffn.net.0.proj", "ffn.net.2",
+    )
+    decode_batch_size = 2
+
+    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(family_cfg, device=device, dtype=dtype)
+        if family_cfg.condition_mode not in CONDITION_MODES:
+            raise ValueError(f"wan22_ti2v_5b condition_mode {family_cfg.condition_mode!r} is not supported; "
+                             f"valid: {list(CONDITION_MODES)}")
+        if pipe.transformer_2 is not None or pipe.config.boundary_ratio is not None:
+            raise ValueError("this Wan checkpoint has two experts (transformer_2 / boundary_ratio, Wan2.2 A14B); "
+                             "model_type wan22_ti2v_5b needs the single-transformer TI2V-5B checkpoint")
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.vae = pipe.vae
+        self.text_encoders = {"text_encoder": pipe.text_encoder}
+        self.expand_timesteps = bool(pipe.config.expand_timesteps)
+        self.height, self.width = resolution_hw(family_cfg.resolution)
+        self.num_frames = int(family_cfg.num_frames)
+        self.temporal_factor = pipe.vae_scale_factor_temporal
+        self.spatial_factor = pipe.vae_scale_factor_spatial
+        self.patch_size = tuple(self.transformer.config.patch_size)
+        latent_num_frames(self.num_frames, self.temporal_factor)
+        check_divisible(self.height, self.width, self.spatial_factor * self.patch_size[1], "wan22_ti2v_5b")
+        self._setup_transformer()
+
+    @classmethod
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> WanFlowModel:
+        """Load from a local diffusers folder or a hub id; transformer / UMT5 in ``dtype``, VAE fp32."""
+        from diffusers import AutoencoderKLWan, WanPipeline
+
+        path = check_model_path(model_path, cls.pipeline_class_name, "wan22_ti2v_5b")
+        vae = load_pipeline(AutoencoderKLWan, path, subfolder="vae", dtype=torch.float32)
+        pipe = load_pipeline(WanPipeline, path, vae=vae, dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, family_cfg, device=device, dtype=dtype)
+
+    @property
+    def is_video(self) -> bool:
+        """``num_frames: 1`` makes an image model: latents keep their frame axis, pixels do not."""
+        return self.num_frames > 1
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        return (self.transformer.config.in_channels, latent_num_frames(self.num_frames, self.temporal_factor),
+                self.height // self.spatial_factor, self.width // self.spatial_factor)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """``{"prompt_embeds": [B, max_sequence_length, D]}`` in the model dtype (padding rows are zeros)."""
+        with self.text_encoders_on_device():
+            embeds, _ = self.pipe.encode_prompt(
+                prompt=list(prompts), do_classifier_free_guidance=False,
+                max_sequence_length=int(self.cfg.max_sequence_length), device=self.device,
+            )
+        return {"prompt_embeds": embeds.to(self.dtype)}
+
+    def transformer_timestep(self, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        """``[B]`` sigmas -> the transformer's timestep: ``[B]``, or ``[B, seq_len]`` with ``expand_timesteps``.
+
+        The pipeline builds ``(mask[0][0][:, ::p_h, ::p_w] * t).flatten()`` from an all-ones t2v mask
+        ``[B, C, F', h, w]``; the result is ``1000 * sigma`` on each of the ``F' * (h / p_h) * (w / p_w)`` tokens.
+        """
+        timestep = t.float() * 1000
+        if not self.expand_timesteps:
+            return timestep
+        _, _, frames, height, width = latents.shape
+        seq_len = frames * (height // self.patch_size[1]) * (width // self.patch_size[2])
+        return timestep[:, None].expand(-1, seq_len)
+
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """latents ``[B, C, F', h, w]``, t ``[B]`` sigmas -> v ``[B, C, F', h, w]`` (model dtype)."""
+        return self.transformer(
+            hidden_states=latents.to(self.dtype),
+            timestep=self.transformer_timestep(t, latents),
+            encoder_hidden_states=cond["prompt_embeds"],
+            return_dict=False,
+        )[0]
+
+    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+        return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": self.height,
+                "width": self.width, "num_frames": self.num_frames, "guidance_scale": 1.0}
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """latents ``[B, C, F', h, w]`` -> uint8 frames ``[B, num_frames, H, W, 3]`` (``[B, H, W, 3]`` when
+        ``num_frames`` is 1), decoded in float32."""
+        videos = []
+        with self.vae_on_device() as vae:
+            shape = (1, vae.config.z_dim, 1, 1, 1)
+            mean = torch.tensor(vae.config.latents_mean, device=self.device).view(shape)
+            std = torch.tensor(vae.config.latents_std, device=self.device).view(shape)
+            for chunk in latents.split(self.decode_batch_size):
+                z = chunk.to(self.device, torch.float32) * std + mean
+                video = vae.decode(z, return_dict=False)[0]  # [b, 3, F, H, W] in [-1, 1]
+                videos.append(to_uint8(video))
+        videos = np.concatenate(videos)
+        return videos if self.is_video else videos[:, 0]
