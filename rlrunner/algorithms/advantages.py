@@ -18,7 +18,7 @@ equal gets advantage exactly 0 (never NaN, never round-off noise divided by eps)
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -14,11 +14,14 @@ so an x0-prediction is ``x̂0 = x_t - t·v``. ``v_old`` comes from the EMA ("old
 Trust region (``clip_ratio`` = ρ): ``s = min(1, ρ·‖v_old‖/‖Δv‖)`` per sample (and latent frame); where s < 1 the
 clipped ``Δv_c = s·Δv`` is detached, the clipped energies use the same w±, and the per-element loss is the
 pessimistic ``max(L, L_c)``. Anchor (``kl_coef`` = k): ``+ k·mean((v_θ - v_base)²)``, v_base = adapters off.
+
+Computed as ``x̂0± - x0 = d ∓ t·β·Δv`` with the constant ``d = x_t - t·v_old - x0``: the same values with a third
+of the elementwise work on the gradient path.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -44,12 +47,13 @@ def nft_velocities(v_theta: Tensor, v_old: Tensor, beta: float) -> tuple[Tensor,
     return v_old + beta * delta_v, v_old - beta * delta_v
 
 
-def _x0_prediction(x_t: Tensor, t: Tensor, v: Tensor) -> Tensor:
-    """x̂0 = x_t - t·v  (``t`` already broadcast to ``x_t``)."""
-    return x_t - t * v
+def _x0_residual(x_t: Tensor, x0: Tensor, t: Tensor, v_old: Tensor) -> tuple[Tensor, Tensor]:
+    """x0 target space: x̂0± - x0 = (x_t - t·v_old - x0) - t·(±β·Δv) = d + k·(±β·Δv) with d = x̂0_old - x0, k = -t."""
+    return x_t - t * v_old - x0, -t
 
 
-TARGET_SPACES: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {"x0": _x0_prediction}
+# target space -> (x_t, x0, t [B, 1, ...], v_old) -> (d, k) such that the residual of v_old + u is d + k·u
+TARGET_SPACES: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]] = {"x0": _x0_residual}
 
 
 def _adaptive_weight(err: Tensor, reduce: Callable[[Tensor], Tensor]) -> Tensor:
@@ -59,8 +63,8 @@ def _adaptive_weight(err: Tensor, reduce: Callable[[Tensor], Tensor]) -> Tensor:
 
 
 def _constant_weight(err: Tensor, reduce: Callable[[Tensor], Tensor]) -> Tensor:
-    """w = 1."""
-    return torch.ones_like(reduce(err.detach()))
+    """w = 1 (a scalar that broadcasts against the per-sample energies)."""
+    return err.new_ones(())
 
 
 WEIGHT_MODES: dict[str, Callable[[Tensor, Callable[[Tensor], Tensor]], Tensor]] = {
@@ -118,8 +122,13 @@ def _expand(per_elem: Tensor, like: Tensor, per_frame: bool) -> Tensor:
     return per_elem.reshape(-1, *([1] * (like.dim() - 1)))
 
 
-def _trust_region_scale(v_old: Tensor, delta_v: Tensor, clip_ratio: float, reduce) -> Tensor:
-    """s = min(1, ρ·‖v_old‖/‖Δv‖) per sample (and frame), without gradient; s = 1 where Δv = 0."""
+def _trust_region_scale(
+    v_old: Tensor, delta_v: Tensor, clip_ratio: float, reduce: Callable[[Tensor], Tensor]
+) -> Tensor:
+    """s = min(1, ρ·‖v_old‖/‖Δv‖) per sample (and frame), without gradient; s = 1 where Δv = 0.
+
+    Both norms are taken as RMS (mean instead of sum of squares): the ratio is the same.
+    """
     with torch.no_grad():
         norm_old = reduce(v_old.square()).sqrt()
         norm_dv = reduce(delta_v.detach().square()).sqrt()
@@ -165,13 +174,14 @@ def nft_loss(
 
     Returns:
         ``(loss, metrics)``: a scalar float32 loss with gradient (NFT loss + anchor), and floats ``nft_loss`` (the NFT
-        part), ``delta_v_norm`` (mean over samples/frames of the RMS of Δv, i.e. ‖Δv‖/√n), ``clip_frac`` (share with s < 1), ``clip_loss_frac``
-        (share where the clipped loss was larger and taken), ``E_pos_mean``, ``E_neg_mean``, ``kl``.
+        part), ``delta_v_norm`` (mean over samples/frames of the RMS of Δv, i.e. ‖Δv‖/√n), ``clip_frac`` (share of
+        samples/frames with s < 1), ``clip_loss_frac`` (share where the clipped loss was larger and taken),
+        ``E_pos_mean``, ``E_neg_mean``, ``kl`` (``mean((v_θ - v_base)²)``, 0 without v_base).
 
     Computation runs in float32 (inputs in lower precision are upcast).
     """
     weight_fn = _lookup(WEIGHT_MODES, weight_mode, "weight_mode")
-    x0_pred = _lookup(TARGET_SPACES, target_space, "target_space")
+    residual_fn = _lookup(TARGET_SPACES, target_space, "target_space")
     _check_inputs(v_theta, v_old, x_t, x0, t, adv, v_base, beta, adv_clip_max, clip_ratio, kl_coef)
 
     v_theta, x_t, x0 = v_theta.float(), x_t.float(), x0.float()
@@ -182,9 +192,13 @@ def nft_loss(
     c = float(adv_clip_max)
     r = (adv.detach().float().clamp(-c, c) + c) / (2 * c)
 
+    d, k = residual_fn(x_t, x0, t_b, v_old)  # constants: x̂0_old - x0 and ∂x̂0/∂v = -t
+    k_beta = k * beta
+
     def errors(delta_v: Tensor) -> tuple[Tensor, Tensor]:
-        """x̂0± - x0 for v± = v_old ± β·Δv."""
-        return x0_pred(x_t, t_b, v_old + beta * delta_v) - x0, x0_pred(x_t, t_b, v_old - beta * delta_v) - x0
+        """x̂0± - x0 for v± = v_old ± β·Δv, i.e. d ± k·β·Δv."""
+        step = k_beta * delta_v
+        return d + step, d - step
 
     delta_v = v_theta - v_old
     err_pos, err_neg = errors(delta_v)

@@ -1,0 +1,291 @@
+"""What does an NFT training step cost over a plain flow-matching LoRA step?
+
+On one tiny SD3 transformer (diffusers ``SD3Transformer2DModel`` from a config) with two peft LoRA adapters,
+``default`` (trained) and ``ema`` (old policy), times on the same batch:
+
+    (a) a plain flow-matching LoRA step: forward with grad + MSE to ε - x0 + backward
+    (b) a no-grad forward
+    (c) an NFT step: v_old from the ``ema`` adapter without grad + forward/backward of ``default`` + ``nft_loss``
+
+and prints (c)/((a) + (b)), target ≤ 1.05 (the one extra forward is the only unavoidable cost), and (c)/(a).
+v_old comes from ``AdapterSwitch`` (below); the same step with peft's ``set_adapter`` is timed for reference.
+Each timing is the median of interleaved repeats after warm-up, on two clocks: wall time, and this thread's CPU
+time (torch runs on one thread here, so CPU time stays honest when other jobs share the cores; trust it over
+wall time when the machine is loaded).
+
+    .venv/bin/python bench/nft_step.py [--repeats 25] [--layers 4] [--batch 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from diffusers import SD3Transformer2DModel
+from peft import LoraConfig
+from peft.tuners.tuners_utils import BaseTunerLayer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing rlrunner
+from rlrunner.algorithms.nft import nft_loss
+from rlrunner.algorithms.samplers import sample_xt
+
+NUM_STEPS = 10  # sampler steps: the training t grid
+TRAINED, OLD = "default", "ema"
+# the attention projections the official DiffusionNFT / flow_grpo SD3 recipes adapt
+LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+]
+
+
+class AdapterSwitch:
+    """Cheap switching of the active peft LoRA adapter, for v_old (``ema``) and v_base (adapters off).
+
+    peft/diffusers ``model.set_adapter(name)`` walks every module of the model and, on each LoRA layer, loops over
+    its adapter weights setting ``requires_grad`` (True for the new active adapter, False for the others) before it
+    rebinds ``layer._active_adapter``: a switch to ``ema`` and back is two full walks, and it flips
+    ``requires_grad`` on the trained weights. A LoRA layer's forward reads only ``layer.active_adapters`` (derived
+    from ``layer._active_adapter``) and ``layer.disable_adapters`` (``layer._disable_adapters``). So: collect the
+    LoRA layers once, and to switch write just those two attributes straight into each layer's instance
+    ``__dict__`` (a dict store, skipping ``nn.Module.__setattr__``; no module walk, no ``requires_grad`` change),
+    and restore the previous values on exit, even on error.
+
+    Use under ``torch.no_grad()``: the ``ema`` weights keep ``requires_grad=False`` (set once by
+    ``set_adapter(TRAINED)``). Build it after all adapters are injected, with plain (unmerged) LoRA layers, and
+    with ``lora_dropout=0`` (else v_old is stochastic in train mode); ``modules_to_save`` wrappers are not switched.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        if not self.layers:
+            raise ValueError("model has no peft LoRA layers; add adapters before building an AdapterSwitch")
+        if any(layer.merged for layer in self.layers):
+            raise ValueError("AdapterSwitch needs unmerged LoRA layers; call model.unmerge_adapter() first")
+        self._states = [vars(layer) for layer in self.layers]
+
+    @contextmanager
+    def use(self, adapter: str | None) -> Iterator[None]:
+        """Run the block with only ``adapter`` active (None: all adapters off, the base model)."""
+        saved = [(layer._active_adapter, layer._disable_adapters) for layer in self.layers]
+        active = [adapter]
+        try:
+            for state in self._states:
+                if adapter is not None:
+                    state["_active_adapter"] = active
+                state["_disable_adapters"] = adapter is None
+            yield
+        finally:
+            for state, (name, disabled) in zip(self._states, saved):
+                state["_active_adapter"], state["_disable_adapters"] = name, disabled
+
+
+def build_model(layers: int, seed: int) -> SD3Transformer2DModel:
+    torch.manual_seed(seed)
+    model = SD3Transformer2DModel(
+        sample_size=32,
+        patch_size=2,
+        in_channels=16,
+        out_channels=16,
+        num_layers=layers,
+        attention_head_dim=32,
+        num_attention_heads=4,
+        joint_attention_dim=128,
+        caption_projection_dim=128,
+        pooled_projection_dim=64,
+        pos_embed_max_size=32,
+    )
+    model.requires_grad_(False)
+    lora = LoraConfig(r=16, lora_alpha=16, target_modules=LORA_TARGETS, lora_dropout=0.0)
+    model.add_adapter(lora, adapter_name=OLD)
+    with warnings.catch_warnings():  # peft warns that a second adapter is being added: intended
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        model.add_adapter(lora, adapter_name=TRAINED)
+    with torch.no_grad():  # LoRA B starts at 0: make the two adapters (and the base) differ
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    model.set_adapter(TRAINED)  # ema weights: requires_grad False from here on
+    return model
+
+
+def make_batch(batch: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "x0": torch.randn(batch, 16, 32, 32, generator=g),
+        "prompt": torch.randn(batch, 16, 128, generator=g),
+        "pooled": torch.randn(batch, 64, generator=g),
+        "adv": torch.randn(batch, generator=g) * 2,
+    }
+
+
+def velocity(model, x_t, t, data) -> torch.Tensor:
+    """v(x_t, t) = ε - x0 prediction; the transformer takes t on the 0..1000 scale."""
+    return model(
+        hidden_states=x_t,
+        encoder_hidden_states=data["prompt"],
+        pooled_projections=data["pooled"],
+        timestep=t * 1000,
+        return_dict=False,
+    )[0]
+
+
+def make_steps(model, data, switch: AdapterSwitch) -> dict[str, Callable[[], None]]:
+    x0 = data["x0"]
+
+    def noised():
+        return sample_xt(x0, NUM_STEPS, generator=torch.Generator().manual_seed(0))  # same x_t in every step
+
+    def fm_step():  # (a)
+        x_t, t, noise = noised()
+        loss = (velocity(model, x_t, t, data) - (noise - x0)).square().mean()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    def forward_no_grad():  # (b)
+        x_t, t, _ = noised()
+        with torch.no_grad():
+            velocity(model, x_t, t, data)
+
+    def nft_step(v_old_fn):
+        def step():  # (c)
+            x_t, t, _ = noised()
+            v_old = v_old_fn(x_t, t)
+            loss, _ = nft_loss(velocity(model, x_t, t, data), v_old, x_t, x0, t, data["adv"], beta=0.1)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return step
+
+    @torch.no_grad()
+    def v_old_switch(x_t, t):
+        with switch.use(OLD):
+            return velocity(model, x_t, t, data)
+
+    @torch.no_grad()
+    def v_old_set_adapter(x_t, t):
+        model.set_adapter(OLD)
+        try:
+            return velocity(model, x_t, t, data)
+        finally:
+            model.set_adapter(TRAINED)
+
+    return {
+        "a_fm_step": fm_step,
+        "b_forward_no_grad": forward_no_grad,
+        "c_nft_step": nft_step(v_old_switch),
+        "c_nft_step_set_adapter": nft_step(v_old_set_adapter),
+    }
+
+
+def time_pair_costs(model, switch: AdapterSwitch, repeats: int = 50) -> dict[str, float]:
+    """CPU milliseconds for one switch to ``ema`` and back (no forward), with each method."""
+
+    def switch_pair():
+        with switch.use(OLD):
+            pass
+
+    def set_adapter_pair():
+        model.set_adapter(OLD)
+        model.set_adapter(TRAINED)
+
+    costs = {}
+    for name, fn in (("AdapterSwitch", switch_pair), ("set_adapter", set_adapter_pair)):
+        start = time.thread_time()
+        for _ in range(repeats):
+            fn()
+        costs[name] = (time.thread_time() - start) / repeats * 1e3
+    return costs
+
+
+def check_switch(model, data, switch: AdapterSwitch) -> None:
+    """The switch gives exactly the ema / base outputs and leaves the trained adapter active and trainable."""
+    x_t, t, _ = sample_xt(data["x0"], NUM_STEPS, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        v_default = velocity(model, x_t, t, data)
+        with switch.use(OLD):
+            v_switch = velocity(model, x_t, t, data)
+        with switch.use(None):
+            v_base_switch = velocity(model, x_t, t, data)
+        model.set_adapter(OLD)
+        v_ref = velocity(model, x_t, t, data)
+        model.set_adapter(TRAINED)
+        model.disable_adapters()
+        v_base_ref = velocity(model, x_t, t, data)
+        model.enable_adapters()
+        v_after = velocity(model, x_t, t, data)
+    assert torch.equal(v_switch, v_ref) and torch.equal(v_base_switch, v_base_ref) and torch.equal(v_after, v_default)
+    assert not torch.equal(v_switch, v_default) and not torch.equal(v_base_switch, v_default)
+    for name, p in model.named_parameters():
+        assert p.requires_grad == (f".{TRAINED}." in name and "lora_" in name), name
+
+
+def run_interleaved(steps: dict[str, Callable[[], None]], repeats: int, warmup: int) -> dict[str, dict[str, float]]:
+    """Median milliseconds per step on two clocks: wall time, and this thread's CPU time (with one torch thread
+    all work runs on this thread, so CPU time ignores the time other processes take the core away)."""
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    wall: dict[str, list[float]] = {name: [] for name in steps}
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for i in range(repeats):  # interleaved rounds in rotating order: drift on a shared machine hits all alike
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            w0, c0 = time.perf_counter(), time.thread_time()
+            steps[name]()
+            cpu[name].append(time.thread_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+    median_ms = {
+        clock: {n: statistics.median(v) * 1e3 for n, v in d.items()} for clock, d in (("wall", wall), ("cpu", cpu))
+    }
+    return median_ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=4)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # one thread: the CPU-time clock then sees all the work
+
+    model = build_model(args.layers, seed=0)
+    data = make_batch(args.batch, seed=1)
+    switch = AdapterSwitch(model)
+    check_switch(model, data, switch)
+    ms = run_interleaved(make_steps(model, data, switch), args.repeats, args.warmup)
+
+    n_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"tiny SD3 transformer: {args.layers} layers, {n_params / 1e6:.2f}M params, {len(switch.layers)} LoRA layers, "
+        f"batch {args.batch}x16x32x32, 1 thread, median of {args.repeats} interleaved repeats after {args.warmup} warm-up"
+    )
+    print(f"  {'':<24s} {'wall ms':>9s} {'cpu ms':>9s}")
+    for name in ms["wall"]:
+        print(f"  {name:<24s} {ms['wall'][name]:9.2f} {ms['cpu'][name]:9.2f}")
+    for name, value in time_pair_costs(model, switch).items():
+        print(f"  switch to ema and back, {name:<14s} {value:.3f} ms cpu")
+    for clock in ("wall", "cpu"):
+        a, b, c = (ms[clock][n] for n in ("a_fm_step", "b_forward_no_grad", "c_nft_step"))
+        naive = ms[clock]["c_nft_step_set_adapter"]
+        print(
+            f"{clock:>4s}: (c)/((a)+(b)) = {c / (a + b):.3f} (target <= 1.05)   (c)/(a) = {c / a:.3f}   "
+            f"[with peft set_adapter: (c)/((a)+(b)) = {naive / (a + b):.3f}]"
+        )
+
+
+if __name__ == "__main__":
+    main()
