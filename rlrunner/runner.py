@@ -64,6 +64,8 @@ class Runner:
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
         self.step = 0
         self.nonfinite_in_a_row = 0
+        # collocated actor and rollout take turns on the device when the recipe asks for offloading
+        self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
         model = cfg.actor.model
         family = model[model.model_type]
         self.model_info = {"model_type": model.model_type, "model_path": model.model_path,
@@ -120,6 +122,7 @@ class Runner:
     def rollout_and_score(self, prompts: list[str], group_size: int, mode: str,
                           timer: StepTimer) -> tuple[Batch, RewardOutput]:
         """Sample ``group_size`` images per prompt and score them; scoring chunk k overlaps rollout of chunk k+1."""
+        self.hand_device_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         chunks = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
@@ -159,7 +162,15 @@ class Runner:
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 
+    def hand_device_to(self, role: str) -> None:
+        """With ``cluster.enable_offload``, move the other collocated model to host memory first."""
+        if self.swap_models:
+            idle, active = (self.actor, self.rollout) if role == "rollout" else (self.rollout, self.actor)
+            idle.call("offload")
+            active.call("onload")
+
     def update(self, batch: Batch) -> dict[str, float]:
+        self.hand_device_to("actor")
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
         train = Batch({k: v for k, v in batch.tensors.items() if k != "images"}, {})
         train = train.select(torch.randperm(len(train), generator=generator))
@@ -241,9 +252,17 @@ def run(cfg: DictConfig, log_dir: Path) -> None:
     random.seed(cfg.runner.seed)
     np.random.seed(cfg.runner.seed % 2**32)
     torch.manual_seed(cfg.runner.seed)
-    with create_cluster(cfg.cluster) as cluster:
-        runner = Runner(cfg, log_dir, cluster)
-        try:
-            runner.fit()
-        finally:
-            runner.close()
+    # in-process workers compute with as many threads as a Ray worker of cpus_per_worker CPUs would (Ray sets
+    # OMP_NUM_THREADS so), which keeps the two backends' numbers identical under the same seed
+    threads = torch.get_num_threads()
+    if cfg.cluster.backend == "local":
+        torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
+    try:
+        with create_cluster(cfg.cluster) as cluster:
+            runner = Runner(cfg, log_dir, cluster)
+            try:
+                runner.fit()
+            finally:
+                runner.close()
+    finally:
+        torch.set_num_threads(threads)

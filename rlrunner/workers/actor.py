@@ -36,6 +36,7 @@ class ActorWorker:
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
         self.model = build_model(actor_cfg.model)
+        self.model.release_vae()  # the actor trains on latents and never decodes
         self.distributed = init_distributed(rank, world_size, self.model.device.type)
         self.params = self.model.trainable_parameters()
         optim = actor_cfg.optim
@@ -127,6 +128,20 @@ class ActorWorker:
     def lora_weights(self) -> dict[str, dict[str, torch.Tensor]]:
         """Both adapters' LoRA tensors (CPU), for the rollout workers."""
         return {name: self.model.lora_state_dict(name) for name in (TRAINED_ADAPTER, EMA_ADAPTER)}
+
+    def offload(self) -> None:
+        """Denoiser and optimizer state to host memory, freeing the device for a collocated rollout worker."""
+        self._move(torch.device("cpu"))
+
+    def onload(self) -> None:
+        self._move(self.model.device)
+
+    def _move(self, device: torch.device) -> None:
+        self.model.offload_transformer(device.type == "cpu" and self.model.device.type != "cpu")
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:

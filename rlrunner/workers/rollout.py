@@ -52,6 +52,13 @@ class RolloutWorker:
         tensors.update({f"cond.{k}": v.cpu() for k, v in cond.items()})
         return Batch(tensors, {"prompts": [p for p in prompts for _ in range(group_size)]})
 
+    def offload(self) -> None:
+        """Free the device for a collocated actor (``cluster.enable_offload``)."""
+        self.model.offload_transformer(True)
+
+    def onload(self) -> None:
+        self.model.offload_transformer(False)
+
     def sync_weights(self, adapters: dict[str, dict[str, torch.Tensor]]) -> None:
         """Load LoRA tensors (only the adapters, never base weights) sent by the actor."""
         for name, state in adapters.items():
