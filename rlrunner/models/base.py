@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -347,8 +348,10 @@ class FlowModel(abc.ABC):
         self.transformer.requires_grad_(False)
         lora_config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=init,
                                  target_modules=list(self.lora_target_modules))
-        for name in ADAPTERS:
-            self.transformer.add_adapter(lora_config, adapter_name=name)
+        with warnings.catch_warnings():  # two adapters on one model is the point here, not a mistake
+            warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
+            for name in ADAPTERS:
+                self.transformer.add_adapter(lora_config, adapter_name=name)
         self._lora_layers = [m for m in self.transformer.modules() if isinstance(m, BaseTunerLayer)]
         if not self._lora_layers:
             raise ValueError(f"no module of {type(self.transformer).__name__} matches the LoRA targets "
