@@ -10,6 +10,8 @@ import logging
 import math
 import random
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,10 @@ class Runner:
         self.nonfinite_in_a_row = 0
         # collocated actor and rollout take turns on the device when the recipe asks for offloading
         self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
+        # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
+        self.ahead: RolloutAhead | None = None
+        self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
+        self.rollout_adapters: dict[str, dict[str, torch.Tensor]] = {}
         model = cfg.actor.model
         family = model[model.model_type]
         self.model_info = {"model_type": model.model_type, "model_path": model.model_path,
@@ -95,15 +101,18 @@ class Runner:
 
     def train_step(self) -> dict[str, float]:
         """One global step as a straight line of named, timed phases."""
-        timer, alg = StepTimer(), self.cfg.algorithm
+        timer = StepTimer()
         with timer("step"):
-            prompts = [self.sampler.sample(self.prompts_per_epoch) for _ in range(self.cfg.env.train.rollout_epoch)]
-            batch, reward = self.rollout_and_score([p for epoch in prompts for p in epoch], alg.group_size,
-                                                   "train", timer)
+            batch, reward = self.train_rollout(timer)
             with timer("advantages"):
                 batch.tensors["advantages"] = self.advantages(torch.from_numpy(reward.avg))
+            if self.cfg.runner.rollout_ahead and self.step + 1 < self.max_steps:
+                self.start_rollout_ahead(self.sample_step_prompts(), self.step + 1)
             with timer("train"):
                 actor_metrics = self.update(batch)
+            with timer("rollout_wait"):
+                if self.ahead is not None:  # rollout workers must finish the batch before their weights change
+                    self.ahead.future.exception()
             with timer("ema"):
                 tau = self.actor.call("ema_update", self.step)[0]
             self.step += 1
@@ -119,8 +128,29 @@ class Runner:
         return metrics
 
     # ------------------------------------------------------------------ phases
-    def rollout_and_score(self, prompts: list[str], group_size: int, mode: str,
-                          timer: StepTimer) -> tuple[Batch, RewardOutput]:
+    def sample_step_prompts(self) -> list[str]:
+        epochs = [self.sampler.sample(self.prompts_per_epoch) for _ in range(self.cfg.env.train.rollout_epoch)]
+        return [p for epoch in epochs for p in epoch]
+
+    def train_rollout(self, timer: StepTimer) -> tuple[Batch, RewardOutput]:
+        """This step's rollout: the one started during the previous step, or a fresh one."""
+        if self.ahead is None:
+            return self.rollout_and_score(self.sample_step_prompts(), self.cfg.algorithm.group_size, "train",
+                                          timer, self.step)
+        ahead, self.ahead = self.ahead, None
+        batch, reward = ahead.future.result()
+        for phase in ("rollout", "reward"):  # spent during the previous step's update
+            timer.seconds[f"{phase}_ahead"] = ahead.timer.seconds.get(phase, 0.0)
+        return batch, reward
+
+    def start_rollout_ahead(self, prompts: list[str], step: int) -> None:
+        timer = StepTimer()
+        future = self._ahead_pool.submit(self.rollout_and_score, prompts, self.cfg.algorithm.group_size, "train",
+                                         timer, step)
+        self.ahead = RolloutAhead(prompts, step, dict(self.rollout_adapters), future, timer)
+
+    def rollout_and_score(self, prompts: list[str], group_size: int, mode: str, timer: StepTimer,
+                          step: int) -> tuple[Batch, RewardOutput]:
         """Sample ``group_size`` images per prompt and score them; scoring chunk k overlaps rollout of chunk k+1."""
         self.hand_device_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
@@ -130,7 +160,7 @@ class Runner:
         batches, tickets = [], []
         for index, chunk in enumerate(chunks):
             with timer("rollout"):
-                shards = self.rollout.scatter("generate", [(p, group_size, self.step, index, mode)
+                shards = self.rollout.scatter("generate", [(p, group_size, step, index, mode)
                                                            for p in _split(chunk, n_rollout)])
             batches.append(Batch.cat(shards))
             tickets.append(self.submit_reward(batches[-1], split))
@@ -183,13 +213,14 @@ class Runner:
 
     def sync_weights(self) -> None:
         """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
-        self.rollout.call("sync_weights", self.actor.call_rank(0, "lora_weights"))
+        self.rollout_adapters = self.actor.call_rank(0, "lora_weights")
+        self.rollout.call("sync_weights", self.rollout_adapters)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
         with timer("eval"):
-            batch, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer)
+            batch, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, self.step)
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", batch, reward)
@@ -220,7 +251,10 @@ class Runner:
     def save(self) -> Path:
         root = self.log_dir / "checkpoints"
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
-                 "nonfinite_in_a_row": self.nonfinite_in_a_row}
+                 "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                 # a rollout started ahead is replayed on resume: its prompts and the adapters that sampled it
+                 "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
+                                                           "adapters": self.ahead.adapters}}
         path = save_checkpoint(
             root, self.step, runner_state=state, actor_states=self.actor.call("state_dict"),
             config_yaml=to_yaml(self.cfg), model_info=self.model_info,
@@ -239,11 +273,29 @@ class Runner:
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]
         self.nonfinite_in_a_row = ckpt["runner"]["nonfinite_in_a_row"]
+        ahead = ckpt["runner"].get("ahead")
+        if ahead is not None:
+            self.rollout.call("sync_weights", ahead["adapters"])
+            self.rollout_adapters = ahead["adapters"]
+            self.start_rollout_ahead(ahead["prompts"], ahead["step"])
+            self.ahead.future.exception()
         tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
 
     def close(self) -> None:
+        self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.env.call("close")
         self.run_logger.close()
+
+
+@dataclass
+class RolloutAhead:
+    """A training rollout started one step early (``runner.rollout_ahead``)."""
+
+    prompts: list[str]
+    step: int
+    adapters: dict[str, dict[str, torch.Tensor]]  # LoRA tensors the rollout workers sampled it with
+    future: Future
+    timer: StepTimer
 
 
 def run(cfg: DictConfig, log_dir: Path) -> None:

@@ -170,3 +170,28 @@ def test_export_writes_a_diffusers_lora_folder(uninterrupted, tmp_path, capsys):
     assert "load_lora_weights" in (out / "README.md").read_text()
     assert export_main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_rollout_ahead_resumes_exactly(tmp_path, monkeypatch):
+    """With the next rollout started during the update, a resume replays it with the adapters that sampled it."""
+    ahead = ("runner.max_steps=4", "runner.save_interval=2", "runner.rollout_ahead=true")
+    full = _run(tmp_path, "20260101-000000-ahead", *ahead)
+    original = Runner.train_step
+
+    def stop_after_two(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(Runner, "train_step", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "20260101-000001-ahead", *ahead)
+    monkeypatch.setattr(Runner, "train_step", original)
+    partial = tmp_path / "logs" / "20260101-000001-ahead" / "checkpoints" / "global_step_2"
+    resumed = _run(tmp_path, "20260101-000002-ahead", *ahead, f"runner.resume_dir={partial}")
+    assert [m["step"] for m in train_metrics(resumed)] == [3, 4]
+    assert "time/rollout_ahead" not in train_metrics(full)[0]
+    assert all("time/rollout_ahead" in m for m in train_metrics(full)[1:])
+    for ours, reference in zip(train_metrics(resumed), train_metrics(full)[2:]):
+        assert ours["env/avg"] == reference["env/avg"] and ours["train/actor/nft_loss"] == reference["train/actor/nft_loss"]
+    _assert_same_checkpoint(full / "checkpoints/global_step_4", resumed / "checkpoints/global_step_4")

@@ -58,6 +58,9 @@ class RunnerConfig:
     num_logged_samples: int = 16
     # overlap reward scoring of batch k with the rollout of batch k+1
     async_reward: bool = True
+    # roll out step k+1 (with the EMA policy of step k-1) while the actor trains on step k: for split placement,
+    # where rollout and actor devices would otherwise wait for each other; one step more off-policy
+    rollout_ahead: bool = False
     # this many non-finite losses in a row abort the run
     max_nonfinite_steps: int = 3
     seed: int = 42

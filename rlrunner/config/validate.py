@@ -160,6 +160,9 @@ def validate(cfg: DictConfig, base_dir: Path) -> None:
     except (ValueError, TypeError) as err:
         _fail(str(err))
     _check_batches(cfg, placement.num_workers("actor"))
+    if cfg.runner.rollout_ahead and cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout"):
+        _fail("runner.rollout_ahead=true needs the actor and rollout models on the device at the same time; it "
+              "cannot be combined with cluster.enable_offload for collocated actor and rollout")
     prompts_per_epoch = cfg.env.train.total_num_envs // cfg.algorithm.group_size
     if prompts_per_epoch % placement.num_workers("rollout"):
         _fail(f"env.train.total_num_envs / algorithm.group_size = {prompts_per_epoch} prompts per rollout epoch "

@@ -23,10 +23,12 @@ The pretraining script imports this module directly, so it runs before/without t
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin, UNet2DConditionModel
 from diffusers.configuration_utils import register_to_config
 from torch import nn
@@ -96,20 +98,25 @@ def _clone(layer: nn.Module) -> nn.Module:
 
 
 def build_tiny_unet(resolution: tuple[int, int] = (32, 96), channels: tuple[int, ...] = (32, 64, 96),
-                    cross_attention_dim: int = 64, heads: int = 4) -> UNet2DConditionModel:
-    """A tiny UNet2DConditionModel: 1 noisy channel + 2 coordinate channels in, 1 velocity channel out.
+                    patch_size: int = 4, cross_attention_dim: int = 64, heads: int = 4) -> UNet2DConditionModel:
+    """A tiny UNet2DConditionModel on ``patch_size``-unshuffled pixels.
 
-    The first level is convolution-only (cheap at full resolution); the lower levels and the mid block carry
-    cross-attention to the character slots. ``only_cross_attention`` drops the costly self-attention over
-    pixels (the convolutions already mix neighbours).
+    The image ``[B, 1, H, W]`` is folded into ``[B, p*p, H/p, W/p]`` cells (pixel-unshuffle, like a DiT's
+    patches) and two coordinate channels are appended, so the UNet runs at 8x24 for 32x96 images; every level
+    and the mid block cross-attend to the character slots. ``only_cross_attention`` drops self-attention over
+    cells (the convolutions already mix neighbours). The patch size is stored as ``out_channels = p*p``.
     """
+    height, width = resolution
+    if height % (patch_size * 2 ** (len(channels) - 1)) or width % (patch_size * 2 ** (len(channels) - 1)):
+        raise ValueError(f"resolution {resolution} must be divisible by patch_size * 2**(levels - 1) = "
+                         f"{patch_size * 2 ** (len(channels) - 1)}")
     n = len(channels)
     return UNet2DConditionModel(
-        sample_size=tuple(resolution),
-        in_channels=1 + NUM_COORD_CHANNELS,
-        out_channels=1,
-        down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * (n - 1),
-        up_block_types=("CrossAttnUpBlock2D",) * (n - 1) + ("UpBlock2D",),
+        sample_size=(height // patch_size, width // patch_size),
+        in_channels=patch_size**2 + NUM_COORD_CHANNELS,
+        out_channels=patch_size**2,
+        down_block_types=("CrossAttnDownBlock2D",) * n,
+        up_block_types=("CrossAttnUpBlock2D",) * n,
         block_out_channels=tuple(channels),
         layers_per_block=1,
         norm_num_groups=8,
@@ -140,9 +147,17 @@ def tiny_velocity(unet: nn.Module, x_t: torch.Tensor, t: torch.Tensor, text_emb:
     Returns:
         ``[B, 1, H, W]``.
     """
-    b, _, h, w = x_t.shape
-    inp = torch.cat([x_t, coord_channels(b, h, w, device=x_t.device, dtype=x_t.dtype)], dim=1)
-    return unet(inp, t.to(x_t.dtype) * 1000.0, encoder_hidden_states=text_emb.to(x_t.dtype)).sample
+    p = patch_size_of(unet)
+    cells = F.pixel_unshuffle(x_t, p)
+    b, _, h, w = cells.shape
+    inp = torch.cat([cells, coord_channels(b, h, w, device=x_t.device, dtype=x_t.dtype)], dim=1)
+    out = unet(inp, t.to(x_t.dtype) * 1000.0, encoder_hidden_states=text_emb.to(x_t.dtype)).sample
+    return F.pixel_shuffle(out, p)
+
+
+def patch_size_of(unet: nn.Module) -> int:
+    """The pixel-unshuffle factor ``p`` of a tiny UNet (its ``out_channels`` is ``p * p``)."""
+    return math.isqrt(int(unet.config.out_channels))
 
 
 def save_tiny_components(path: str, unet: UNet2DConditionModel, text_encoder: CharTextEncoder,
@@ -156,7 +171,8 @@ def save_tiny_components(path: str, unet: UNet2DConditionModel, text_encoder: Ch
         "_rlrunner_family": "tiny",
         "unet": ["diffusers", "UNet2DConditionModel"],
         "text_encoder": ["rlrunner.models.tiny_text", "CharTextEncoder"],
-        "resolution": list(unet.config.sample_size),
+        "resolution": [int(s) * patch_size_of(unet) for s in unet.config.sample_size],
+        "patch_size": patch_size_of(unet),
         "alphabet": text_encoder.config.alphabet,
         "coord_channels": NUM_COORD_CHANNELS,
         "prediction": "flow velocity v = eps - x0, x_t = (1 - t) x0 + t eps, timestep = 1000 t",
@@ -167,7 +183,9 @@ def save_tiny_components(path: str, unet: UNet2DConditionModel, text_encoder: Ch
         json.dump(index, f, indent=2)
 
 
-def load_tiny_components(path: str) -> tuple[UNet2DConditionModel, CharTextEncoder, dict[str, Any]]:
+def load_tiny_components(
+    path: str, dtype: torch.dtype = torch.float32
+) -> tuple[UNet2DConditionModel, CharTextEncoder, dict[str, Any]]:
     """Read a folder written by :func:`save_tiny_components`; errors name the missing file."""
     index_file = os.path.join(path, MODEL_INDEX)
     if not os.path.isdir(path):
@@ -179,6 +197,16 @@ def load_tiny_components(path: str) -> tuple[UNet2DConditionModel, CharTextEncod
                                     f"{MODEL_INDEX}, unet/ and text_encoder/ as written by scripts/pretrain_tiny.py)")
     with open(index_file) as f:
         index = json.load(f)
-    unet = UNet2DConditionModel.from_pretrained(os.path.join(path, "unet"))
-    text_encoder = CharTextEncoder.from_pretrained(os.path.join(path, "text_encoder"))
+    unet = UNet2DConditionModel.from_pretrained(os.path.join(path, "unet"), torch_dtype=dtype)
+    text_encoder = CharTextEncoder.from_pretrained(os.path.join(path, "text_encoder"), torch_dtype=dtype)
     return unet, text_encoder, index
+
+
+def write_random_tiny(directory: str, resolution: tuple[int, int] = (16, 32), channels: tuple[int, ...] = (8, 16),
+                      dim: int = 16, seed: int = 0) -> str:
+    """Random-weight tiny model folder for tests (same save code as the pretraining script). Returns the path."""
+    torch.manual_seed(seed)
+    unet = build_tiny_unet(resolution, channels, patch_size=4, cross_attention_dim=dim, heads=2)
+    text_encoder = CharTextEncoder(max_length=8, dim=dim, num_heads=2)
+    save_tiny_components(str(directory), unet, text_encoder)
+    return str(directory)

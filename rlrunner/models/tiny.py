@@ -1,0 +1,148 @@
+"""``tiny``: a CPU-sized grayscale pixel-space flow model that renders short strings (no GPU, no downloads).
+
+It exists so that a laptop or CI can watch DiffusionNFT really learn: the shipped weights
+(``examples/diffusion/models/tiny-ocr-flow``, made by ``scripts/pretrain_tiny.py``) draw 3-6 digit strings at
+32x96 well above the OCR reward's chance level but far from perfect. Everything else is the same code path as
+SD3 / Wan: the :class:`~rlrunner.models.base.FlowModel` interface, the ``default`` / ``ema`` LoRA adapters,
+the shared samplers and LoRA checkpoints.
+
+* latents are pixels: ``[B, 1, 32, 96]`` in [-1, 1] (no VAE); :meth:`TinyFlowModel.decode` gives
+  ``[B, 32, 96, 3]`` uint8 (the grey channel repeated).
+* conditioning is the prompt's first double-quoted span, one embedding per character slot
+  (:class:`~rlrunner.models.tiny_text.CharTextEncoder`, frozen): ``cond["text_emb"]: [B, L, D]``.
+* the denoiser is a diffusers ``UNet2DConditionModel`` on 4x4 pixel-unshuffled cells plus coordinate channels
+  (see :mod:`rlrunner.models.tiny_text`); LoRA goes on its attention, feed-forward and ResNet convolutions.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlrunner.models.base import ADAPTERS, TRAINED_ADAPTER, Cond, FlowModel
+from rlrunner.models.tiny_text import load_tiny_components, target_text, tiny_velocity
+
+LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+
+
+def _resolution(value: Any) -> tuple[int, int]:
+    """``resolution`` as ``(height, width)``: an int (square) or a 2-element list."""
+    if isinstance(value, int):
+        return value, value
+    values = [int(v) for v in value]
+    if len(values) != 2:
+        raise ValueError(f"actor.model.tiny.resolution must be an int or [height, width], got {list(value)}")
+    return values[0], values[1]
+
+
+class TinyFlowModel(FlowModel):
+    """The tiny family behind :class:`FlowModel` (see the module docstring).
+
+    Build with :meth:`load`. ``self.transformer`` is the UNet (the base class's name for the denoiser),
+    ``self.text_encoder`` the frozen character encoder, ``self.alphabet`` the characters it was trained on
+    (pass it as the OCR reward's ``alphabet`` filter).
+    """
+
+    pipeline_class_name = "StableDiffusionPipeline"
+    lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
+                           "conv1", "conv2")
+
+    def __init__(self, family_cfg: Any, unet: torch.nn.Module, text_encoder: torch.nn.Module, index: dict[str, Any],
+                 *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(family_cfg, device=device, dtype=dtype)
+        self.transformer = unet.to(device)
+        self.text_encoder = text_encoder.to(device).eval().requires_grad_(False)
+        self.index = index
+        self.alphabet: str = str(index.get("alphabet", text_encoder.config.alphabet))
+        self._resolution = _resolution(index["resolution"])
+
+    @classmethod
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> TinyFlowModel:
+        """Load the folder written by ``scripts/pretrain_tiny.py`` and add the LoRA adapters.
+
+        Args:
+            model_path: folder with ``model_index.json``, ``unet/`` and ``text_encoder/``.
+            family_cfg: ``actor.model.tiny`` (``resolution`` must be the trained one, default [32, 96];
+                ``use_lora``, ``lora_rank``, ``lora_alpha``, ``lora_path``, ``shift``, ``gradient_checkpointing``).
+            device, dtype: where and in which precision the denoiser runs.
+        Raises:
+            FileNotFoundError: ``model_path`` (or a part of it, or ``lora_path``) is missing.
+            ValueError: the requested resolution differs from the trained one.
+        """
+        unet, text_encoder, index = load_tiny_components(str(model_path), dtype=dtype)
+        model = cls(family_cfg, unet, text_encoder, index, device=device, dtype=dtype)
+        wanted = _resolution(family_cfg.resolution)
+        if wanted != model._resolution:
+            raise ValueError(f"actor.model.tiny.resolution={list(wanted)} but the tiny model at {model_path!r} was "
+                             f"trained at {list(model._resolution)}; set resolution: {list(model._resolution)}")
+        if getattr(family_cfg, "gradient_checkpointing", False):
+            model.transformer.enable_gradient_checkpointing()
+        if getattr(family_cfg, "use_lora", True):
+            model._add_lora_adapters(int(family_cfg.lora_rank), int(family_cfg.lora_alpha))
+            if getattr(family_cfg, "lora_path", ""):
+                model.load_lora(str(family_cfg.lora_path))
+        else:
+            model.transformer.requires_grad_(True)
+        return model
+
+    # ------------------------------------------------------------------ FlowModel
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return (1, *self._resolution)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> Cond:
+        """``{"text_emb": [B, L, D]}`` in the model dtype: slot embeddings of each prompt's quoted text."""
+        if isinstance(prompts, str):
+            raise TypeError("encode_prompts takes a list of prompts, got a single string")
+        return {"text_emb": self.text_encoder.encode(list(prompts)).to(self.device, self.dtype)}
+
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """latents ``[B, 1, H, W]``, t ``[B]`` sigmas in [0, 1] -> velocity ``[B, 1, H, W]``."""
+        return tiny_velocity(self.transformer, latents.to(self.dtype), t.to(latents.device), cond["text_emb"])
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """Pixels ``[B, 1, H, W]`` in [-1, 1] -> uint8 ``[B, H, W, 3]`` (grey repeated to RGB)."""
+        if latents.ndim != 4 or latents.shape[1] != 1:
+            raise ValueError(f"tiny latents must be [B, 1, H, W], got {tuple(latents.shape)}")
+        pixels = ((latents[:, 0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
+        return np.repeat(pixels[..., None], 3, axis=-1)
+
+    # ------------------------------------------------------------------ helpers
+    def targets(self, prompts: list[str]) -> list[str]:
+        """The strings the model is asked to draw (first quoted span, spaces removed)."""
+        return [target_text(p) for p in prompts]
+
+    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
+        """Write ``adapter`` as ``pytorch_lora_weights.safetensors`` (diffusers' UNet LoRA format)."""
+        from diffusers import StableDiffusionPipeline
+        from diffusers.utils import convert_state_dict_to_diffusers
+        from peft.utils import get_peft_model_state_dict
+
+        if adapter not in ADAPTERS:
+            raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)}")
+        state = get_peft_model_state_dict(self.transformer, adapter_name=adapter)
+        state = {k: v.detach().cpu().contiguous() for k, v in convert_state_dict_to_diffusers(state).items()}
+        StableDiffusionPipeline.save_lora_weights(directory, unet_lora_layers=state, safe_serialization=True)
+
+    def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
+        """Load a LoRA written by :meth:`save_lora` (a folder or the ``.safetensors`` file) into ``adapters``."""
+        from diffusers.utils import convert_unet_state_dict_to_peft
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        file = os.path.join(path, LORA_WEIGHT_NAME) if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"LoRA weights {file!r} not found (actor.model.tiny.lora_path={path!r}); expected "
+                                    f"a folder with {LORA_WEIGHT_NAME} or that file, as written by save_lora")
+        state = {k.removeprefix("unet."): v for k, v in load_file(file).items()}
+        state = convert_unet_state_dict_to_peft(state)
+        for name in adapters:
+            result = set_peft_model_state_dict(self.transformer, state, adapter_name=name)
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise ValueError(f"LoRA file {file!r} does not fit the tiny model: unexpected keys {unexpected[:3]}")
