@@ -107,6 +107,8 @@ class FlowModel(abc.ABC):
     """
 
     #: diffusers pipeline class whose ``save_lora_weights`` / ``load_lora_weights`` read our adapters
+    #: the recipe's ``actor.model.model_type`` of this family
+    model_type: str = ""
     pipeline_class_name: str = ""
     lora_target_modules: tuple[str, ...] = ()
     #: images per VAE decode call (bounds decode memory at full resolution)
@@ -121,6 +123,16 @@ class FlowModel(abc.ABC):
         self.vae: nn.Module | None = None
         self._lora_layers: list[nn.Module] = []
         self._negative_cond: Cond | None = None
+
+    @classmethod
+    def from_diffusers(cls, pipeline_cls: type, vae_cls: type, model_path: str, family_cfg: Any, *,
+                       device: torch.device, dtype: torch.dtype) -> FlowModel:
+        """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``."""
+        path = check_model_path(model_path, cls.pipeline_class_name, cls.model_type)
+        vae = load_pipeline(vae_cls, path, subfolder="vae", dtype=torch.float32)
+        pipe = load_pipeline(pipeline_cls, path, vae=vae, dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, family_cfg, device=device, dtype=dtype)
 
     # ------------------------------------------------------------------ family-specific
     @property

@@ -23,8 +23,6 @@ from rlrunner.models.base import (
     Cond,
     FlowModel,
     check_divisible,
-    check_model_path,
-    load_pipeline,
     resolution_hw,
     to_uint8,
 )
@@ -51,6 +49,7 @@ class QwenImageFlowModel(FlowModel):
     ``L`` = longest prompt of the batch, at most ``max_sequence_length``). Latents: ``[B, 16, H/8, W/8]``.
     """
 
+    model_type = "qwen_image"
     pipeline_class_name = "QwenImagePipeline"
     # joint-attention projections of both streams, as SD3's targets
     lora_target_modules = (
@@ -78,11 +77,7 @@ class QwenImageFlowModel(FlowModel):
         """Load from a local diffusers folder or a hub id; transformer / text encoder in ``dtype``, VAE fp32."""
         from diffusers import AutoencoderKLQwenImage, QwenImagePipeline
 
-        path = check_model_path(model_path, cls.pipeline_class_name, "qwen_image")
-        vae = load_pipeline(AutoencoderKLQwenImage, path, subfolder="vae", dtype=torch.float32)
-        pipe = load_pipeline(QwenImagePipeline, path, vae=vae, dtype=dtype)
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe, family_cfg, device=device, dtype=dtype)
+        return cls.from_diffusers(QwenImagePipeline, AutoencoderKLQwenImage, model_path, family_cfg, device=device, dtype=dtype)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:

@@ -17,8 +17,6 @@ from rlrunner.models.base import (
     Cond,
     FlowModel,
     check_divisible,
-    check_model_path,
-    load_pipeline,
     resolution_hw,
     to_uint8,
 )
@@ -31,6 +29,7 @@ class SD3FlowModel(FlowModel):
     (SD3.5-Medium sizes). Latents: ``[B, 16, H/8, W/8]``.
     """
 
+    model_type = "sd3"
     pipeline_class_name = "StableDiffusion3Pipeline"
     # the reference code's targets (flow_grpo / DiffusionNFT); "attn.*" leaves SD3.5's extra attn2 untouched
     lora_target_modules = (
@@ -57,11 +56,7 @@ class SD3FlowModel(FlowModel):
         """Load from a local diffusers folder or a hub id; transformer / text encoders in ``dtype``, VAE fp32."""
         from diffusers import AutoencoderKL, StableDiffusion3Pipeline
 
-        path = check_model_path(model_path, cls.pipeline_class_name, "sd3")
-        vae = load_pipeline(AutoencoderKL, path, subfolder="vae", dtype=torch.float32)
-        pipe = load_pipeline(StableDiffusion3Pipeline, path, vae=vae, dtype=dtype)
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe, family_cfg, device=device, dtype=dtype)
+        return cls.from_diffusers(StableDiffusion3Pipeline, AutoencoderKL, model_path, family_cfg, device=device, dtype=dtype)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:

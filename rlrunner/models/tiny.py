@@ -46,6 +46,7 @@ class TinyFlowModel(FlowModel):
     (pass it as the OCR reward's ``alphabet`` filter).
     """
 
+    model_type = "tiny"
     pipeline_class_name = "StableDiffusionPipeline"
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
                            "conv1", "conv2")

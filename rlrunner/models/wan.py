@@ -23,8 +23,6 @@ from rlrunner.models.base import (
     Cond,
     FlowModel,
     check_divisible,
-    check_model_path,
-    load_pipeline,
     resolution_hw,
     to_uint8,
 )
@@ -48,6 +46,7 @@ class WanFlowModel(FlowModel):
     ``F' = 1 + (num_frames - 1) / 4``.
     """
 
+    model_type = "wan22_ti2v_5b"
     pipeline_class_name = "WanPipeline"
     # the reference code's targets: self- and cross-attention projections and the FFN
     lora_target_modules = (
@@ -84,11 +83,7 @@ class WanFlowModel(FlowModel):
         """Load from a local diffusers folder or a hub id; transformer / UMT5 in ``dtype``, VAE fp32."""
         from diffusers import AutoencoderKLWan, WanPipeline
 
-        path = check_model_path(model_path, cls.pipeline_class_name, "wan22_ti2v_5b")
-        vae = load_pipeline(AutoencoderKLWan, path, subfolder="vae", dtype=torch.float32)
-        pipe = load_pipeline(WanPipeline, path, vae=vae, dtype=dtype)
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe, family_cfg, device=device, dtype=dtype)
+        return cls.from_diffusers(WanPipeline, AutoencoderKLWan, model_path, family_cfg, device=device, dtype=dtype)
 
     @property
     def is_video(self) -> bool:
