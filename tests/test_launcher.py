@@ -1,17 +1,21 @@
 """The launcher end to end: run_diffusion.sh → python -m rlrunner.train, as a user calls it."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
 
 
 def launch(*args: str, log_root: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root), "HOME": str(log_root)}
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
+           "HOME": os.environ.get("HOME", str(log_root))}
     return subprocess.run(["bash", str(LAUNCHER), *args], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True,
                           timeout=300)
@@ -56,3 +60,22 @@ def test_python_entry_point_dry_run_starts_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["actor"]["model"]["model_type"] == "tiny"
     assert not any(tmp_path.iterdir())
+
+
+def test_default_recipe_runs_end_to_end_shortened(tmp_path):
+    """No config name: the CPU recipe (shipped tiny model, real OCR reward), a few steps and prompts."""
+    result = launch("runner.max_steps=2", "env.train.total_num_envs=16", "actor.global_batch_size=16",
+                    "env.eval.total_num_envs=8", "runner.val_check_interval=1", "runner.sample_log_interval=1",
+                    log_root=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.endswith("-tiny_nft_ocr")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/avg" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    assert all(0.0 <= r["eval/avg"] <= 1.0 and "eval/ocr" in r for r in evals)
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert {"train/samples", "eval/samples"} <= set(events.Tags()["images"])
+    assert (run_dir / "checkpoints" / "global_step_2" / "adapter" / "pytorch_lora_weights.safetensors").is_file()
+    assert "eval reward" in (run_dir / "console.log").read_text()
