@@ -220,7 +220,8 @@ class Runner:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
         with timer("eval"):
-            batch, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, self.step)
+            # step 0's noise at every eval: the same starting points, so steps differ only by the policy
+            batch, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", batch, reward)

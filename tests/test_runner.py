@@ -131,3 +131,19 @@ def test_nonfinite_losses_skip_the_step_and_abort_after_a_streak(tmp_path, monke
     metrics = train_metrics(log_dir)
     assert [m["train/actor/nonfinite"] for m in metrics] == [1.0]  # the 2nd step aborts before it is logged
     assert not (log_dir / "checkpoints").exists()  # nothing is checkpointed from a diverged run
+
+
+def test_every_eval_starts_from_the_same_noise(tmp_path, monkeypatch):
+    seen = []
+    original = RolloutWorker.generate
+
+    def spy(self, prompts, group_size, step, chunk, mode="train"):
+        seen.append((mode, step))
+        return original(self, prompts, group_size, step, chunk, mode)
+
+    monkeypatch.setattr(RolloutWorker, "generate", spy)
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    run(small_recipe(tmp_path, "runner.max_steps=2", "runner.val_check_interval=1", "runner.save_interval=0"), log_dir)
+    assert {step for mode, step in seen if mode == "eval"} == {0}
+    assert {step for mode, step in seen if mode == "train"} == {0, 1}
