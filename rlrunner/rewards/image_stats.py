@@ -23,6 +23,7 @@ Adding a reward (see also ``rlrunner/rewards/README.md``):
 from __future__ import annotations
 
 import io
+from abc import abstractmethod
 
 import numpy as np
 from PIL import Image
@@ -58,9 +59,9 @@ class PixelReward(Reward):
     Unscorable images get 0 and are counted, as for every reward.
     """
 
+    @abstractmethod
     def score(self, image: np.ndarray) -> float:
         """Score one uint8 image ``[H, W, 3]``."""
-        raise NotImplementedError
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> RewardOutput:
         images = np.asarray(images)
