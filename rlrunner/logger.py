@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -105,8 +104,3 @@ class RunLogger:
             self.writer.close()
         self.jsonl.close()
 
-
-def jsonable(config: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(config, resolve=True)

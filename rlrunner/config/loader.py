@@ -129,16 +129,8 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
     except OmegaConfBaseException as err:
         raise RecipeError(f"{path}: cannot resolve interpolation at {getattr(err, 'full_key', '?')!r}: "
                           f"{str(err).splitlines()[0]}") from None
-    cfg = _normalise(cfg)
     validate(cfg, base_dir=Path(os.getcwd()))
     OmegaConf.set_readonly(cfg, True)
-    return cfg
-
-
-def _normalise(cfg: DictConfig) -> DictConfig:
-    """Fill derived defaults: an empty experiment name becomes the recipe-independent "run"."""
-    if not cfg.runner.logger.experiment_name:
-        cfg.runner.logger.experiment_name = "run"
     return cfg
 
 
