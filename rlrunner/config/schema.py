@@ -86,6 +86,9 @@ class AlgorithmConfig:
     # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999
     nft_decay_type: str = ""
     nft_xcur_source: str = "resample"
+    # noise levels t drawn per rollout sample in each update (flow_grpo/official code train on several timesteps
+    # of each trajectory); more draws = more signal per rollout at the cost of update time
+    nft_timesteps_per_sample: int = 1
     # KL anchor to the base model (adapters off); 0 disables it
     ref_kl_coef: float = 0.0
     # control runs: "reward" (normal) | "none" (r fixed at 0.5) | "shuffle" (rewards permuted)

@@ -151,6 +151,7 @@ def validate(cfg: DictConfig, base_dir: Path) -> None:
     if cfg.algorithm.nft_clip_ratio is not None and cfg.algorithm.nft_clip_ratio <= 0:
         _fail(f"algorithm.nft_clip_ratio={cfg.algorithm.nft_clip_ratio} must be positive or null (no clipping)")
     check_tau(cfg.algorithm.nft_tau)
+    _check_positive(cfg, "algorithm.nft_timesteps_per_sample")
     _check_family(cfg, base_dir)
     _check_env(cfg, "train", base_dir)
     _check_env(cfg, "eval", base_dir)

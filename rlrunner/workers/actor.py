@@ -63,13 +63,15 @@ class ActorWorker:
     def _optimizer_step(self, batch: Batch, step: int, opt_index: int) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = defaultdict(float)
-        micro_batches = batch.split(self.cfg.micro_batch_size)
-        for micro_index, micro in enumerate(micro_batches):
-            seed = derive_seed(self.cfg.seed, "actor-noise", self.rank, step, opt_index, micro_index)
-            loss, micro_metrics = self._micro_loss(micro, torch.Generator().manual_seed(seed))
-            (loss * len(micro) / len(batch)).backward()
-            for name, value in micro_metrics.items():
-                metrics[name] += value * len(micro) / len(batch)
+        draws = int(self.alg.nft_timesteps_per_sample)  # noise levels per sample, each with fresh noise
+        for micro_index, micro in enumerate(batch.split(self.cfg.micro_batch_size)):
+            share = len(micro) / len(batch) / draws
+            for draw in range(draws):
+                seed = derive_seed(self.cfg.seed, "actor-noise", self.rank, step, opt_index, micro_index, draw)
+                loss, micro_metrics = self._micro_loss(micro, torch.Generator().manual_seed(seed))
+                (loss * share).backward()
+                for name, value in micro_metrics.items():
+                    metrics[name] += value * share
         grad_norm = self._sync_and_clip_gradients()
         finite = math.isfinite(grad_norm) and math.isfinite(metrics["nft_loss"])
         if finite:
