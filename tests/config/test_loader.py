@@ -98,6 +98,7 @@ def test_wrong_type_names_key_value_and_type(recipe_dir):
         (["actor.model.tiny.train_sampler=heun"], r"train_sampler='heun' is not valid"),
         (["actor.model.tiny.num_frames=4"], r"num_frames=4 must be 4k\+1"),
         (["runner.max_steps=-1"], r"runner.max_steps or runner.max_epochs"),
+        (["algorithm.nft_timesteps_per_sample=0"], r"algorithm.nft_timesteps_per_sample=0 must be positive"),
     ],
 )
 def test_contradictions_are_rejected_with_one_line(recipe_dir, overrides, message):
