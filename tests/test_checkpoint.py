@@ -31,6 +31,21 @@ def _run(root: Path, name: str, *overrides: str) -> Path:
     return log_dir
 
 
+def _run_interrupted(monkeypatch, stop_at: int, root: Path, name: str, *overrides: str) -> None:
+    """A run stopped by Ctrl-C when it reaches global step ``stop_at`` (after that step's checkpoint)."""
+    original = Runner.train_step
+
+    def interrupt(self):
+        if self.step == stop_at:
+            raise KeyboardInterrupt
+        return original(self)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Runner, "train_step", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            _run(root, name, *overrides)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ckpt")
@@ -53,17 +68,7 @@ def _assert_same_checkpoint(a: Path, b: Path) -> None:
 def test_resume_continues_exactly_like_an_uninterrupted_run(uninterrupted, monkeypatch):
     """3 steps, stop, resume for 3 more → bitwise the same adapters, EMA, optimizer and logged rewards."""
     root = uninterrupted.parents[1]
-    original = Runner.train_step
-
-    def stop_after_three(self):
-        if self.step == 3:
-            raise KeyboardInterrupt
-        return original(self)
-
-    monkeypatch.setattr(Runner, "train_step", stop_after_three)
-    with pytest.raises(KeyboardInterrupt):
-        _run(root, "20260101-000001-part", "runner.max_steps=6", "runner.save_interval=3")
-    monkeypatch.setattr(Runner, "train_step", original)
+    _run_interrupted(monkeypatch, 3, root, "20260101-000001-part", "runner.max_steps=6", "runner.save_interval=3")
     first_half = root / "logs" / "20260101-000001-part"
     resumed = _run(root, "20260101-000002-resumed", "runner.max_steps=6", "runner.save_interval=3",
                    f"runner.resume_dir={first_half / 'checkpoints' / 'global_step_3'}")
@@ -176,17 +181,7 @@ def test_rollout_ahead_resumes_exactly(tmp_path, monkeypatch):
     """With the next rollout started during the update, a resume replays it with the adapters that sampled it."""
     ahead = ("runner.max_steps=4", "runner.save_interval=2", "runner.rollout_ahead=true")
     full = _run(tmp_path, "20260101-000000-ahead", *ahead)
-    original = Runner.train_step
-
-    def stop_after_two(self):
-        if self.step == 2:
-            raise KeyboardInterrupt
-        return original(self)
-
-    monkeypatch.setattr(Runner, "train_step", stop_after_two)
-    with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path, "20260101-000001-ahead", *ahead)
-    monkeypatch.setattr(Runner, "train_step", original)
+    _run_interrupted(monkeypatch, 2, tmp_path, "20260101-000001-ahead", *ahead)
     partial = tmp_path / "logs" / "20260101-000001-ahead" / "checkpoints" / "global_step_2"
     resumed = _run(tmp_path, "20260101-000002-ahead", *ahead, f"runner.resume_dir={partial}")
     assert [m["step"] for m in train_metrics(resumed)] == [3, 4]
