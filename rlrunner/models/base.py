@@ -90,6 +90,13 @@ def check_divisible(height: int, width: int, multiple: int, family: str) -> None
                          f"(VAE factor x patch size); nearest valid: {fix[0]}x{fix[1]}")
 
 
+def vae_latent_stats(vae: nn.Module, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel latent mean and std of a Wan-style VAE (Wan, Qwen-Image), shaped ``[1, C, 1, 1, 1]``."""
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    return (torch.tensor(vae.config.latents_mean, device=device).view(shape),
+            torch.tensor(vae.config.latents_std, device=device).view(shape))
+
+
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:
     """VAE output in [-1, 1], channels at dim 1 -> uint8 with channels last (as diffusers' postprocess)."""
     pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)

@@ -25,6 +25,7 @@ from rlrunner.models.base import (
     check_divisible,
     resolution_hw,
     to_uint8,
+    vae_latent_stats,
 )
 
 
@@ -77,7 +78,8 @@ class QwenImageFlowModel(FlowModel):
         """Load from a local diffusers folder or a hub id; transformer / text encoder in ``dtype``, VAE fp32."""
         from diffusers import AutoencoderKLQwenImage, QwenImagePipeline
 
-        return cls.from_diffusers(QwenImagePipeline, AutoencoderKLQwenImage, model_path, family_cfg, device=device, dtype=dtype)
+        return cls.from_diffusers(QwenImagePipeline, AutoencoderKLQwenImage, model_path, family_cfg,
+                                  device=device, dtype=dtype)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
@@ -133,9 +135,7 @@ class QwenImageFlowModel(FlowModel):
         """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""
         images = []
         with self.vae_on_device() as vae:
-            shape = (1, vae.config.z_dim, 1, 1, 1)
-            mean = torch.tensor(vae.config.latents_mean, device=self.device).view(shape)
-            std = torch.tensor(vae.config.latents_std, device=self.device).view(shape)
+            mean, std = vae_latent_stats(vae, self.device)
             for chunk in latents.split(self.decode_batch_size):
                 z = chunk.to(self.device, torch.float32)[:, :, None] * std + mean
                 images.append(to_uint8(vae.decode(z, return_dict=False)[0][:, :, 0]))

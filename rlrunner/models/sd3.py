@@ -56,7 +56,8 @@ class SD3FlowModel(FlowModel):
         """Load from a local diffusers folder or a hub id; transformer / text encoders in ``dtype``, VAE fp32."""
         from diffusers import AutoencoderKL, StableDiffusion3Pipeline
 
-        return cls.from_diffusers(StableDiffusion3Pipeline, AutoencoderKL, model_path, family_cfg, device=device, dtype=dtype)
+        return cls.from_diffusers(StableDiffusion3Pipeline, AutoencoderKL, model_path, family_cfg,
+                                  device=device, dtype=dtype)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:

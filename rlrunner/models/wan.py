@@ -25,6 +25,7 @@ from rlrunner.models.base import (
     check_divisible,
     resolution_hw,
     to_uint8,
+    vae_latent_stats,
 )
 
 CONDITION_MODES = ("t2v",)
@@ -83,7 +84,8 @@ class WanFlowModel(FlowModel):
         """Load from a local diffusers folder or a hub id; transformer / UMT5 in ``dtype``, VAE fp32."""
         from diffusers import AutoencoderKLWan, WanPipeline
 
-        return cls.from_diffusers(WanPipeline, AutoencoderKLWan, model_path, family_cfg, device=device, dtype=dtype)
+        return cls.from_diffusers(WanPipeline, AutoencoderKLWan, model_path, family_cfg,
+                                  device=device, dtype=dtype)
 
     @property
     def is_video(self) -> bool:
@@ -137,9 +139,7 @@ class WanFlowModel(FlowModel):
         ``num_frames`` is 1), decoded in float32."""
         videos = []
         with self.vae_on_device() as vae:
-            shape = (1, vae.config.z_dim, 1, 1, 1)
-            mean = torch.tensor(vae.config.latents_mean, device=self.device).view(shape)
-            std = torch.tensor(vae.config.latents_std, device=self.device).view(shape)
+            mean, std = vae_latent_stats(vae, self.device)
             for chunk in latents.split(self.decode_batch_size):
                 z = chunk.to(self.device, torch.float32) * std + mean
                 video = vae.decode(z, return_dict=False)[0]  # [b, 3, F, H, W] in [-1, 1]
