@@ -40,9 +40,6 @@ class EnvWorker:
         """The reward of a submitted batch (waits for it)."""
         return self._pending.pop(ticket).result()
 
-    def score(self, images: torch.Tensor, prompts: list[str], split: str = "train") -> RewardOutput:
-        return self.collect(self.submit(images, prompts, split))
-
     def close(self) -> None:
         for scorer in self.scorers.values():
             scorer.close()
