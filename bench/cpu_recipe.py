@@ -30,7 +30,7 @@ def chance_level(run_dir: Path) -> float | None:
         if line.strip().startswith("model_path:"):
             card = ROOT / line.split(":", 1)[1].strip() / "model_index.json"
             if card.is_file():
-                return json.loads(card.read_text()).get("rlrunner", {}).get("ocr_chance_level")
+                return json.loads(card.read_text()).get("evaluation", {}).get("chance_level")
     return None
 
 

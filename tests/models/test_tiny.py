@@ -13,7 +13,14 @@ from omegaconf import OmegaConf
 from rlrunner.config.schema import FamilyConfig
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, model_class
 from rlrunner.models.tiny import TinyFlowModel
-from rlrunner.models.tiny_text import CharTextEncoder, target_text, write_random_tiny
+from rlrunner.models.tiny_text import (
+    CharTextEncoder,
+    build_tiny_unet,
+    slot_channels,
+    target_text,
+    tiny_velocity,
+    write_random_tiny,
+)
 
 SHIPPED = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "models" / "tiny-ocr-flow"
 PROMPTS = ['a sign that says "4827"', 'a receipt showing the total "93"', "no quotes 55"]
@@ -75,6 +82,24 @@ def test_text_encoder_slots():
     ids = enc.tokenize(["23", "9x234567"])
     assert ids.tolist() == [[2, 3, 0, 0], [9, 1, 2, 3]]  # '2' -> 2 ... '9' -> 9, 'x' -> <unk> 1, pad 0, cut at 4
     assert enc.encode(PROMPTS).shape == (3, 4, 8)
+
+
+def test_slot_channels_give_each_column_its_slot_embedding():
+    # 2 slots, patch 4: cell centres 1.5, 5.5, 9.5, ..., slot = floor((centre - 6) / 14)
+    emb = torch.tensor([[[1.0, 10.0], [2.0, 20.0]]])  # [B=1, L=2, D=2]
+    out = slot_channels(emb, height=2, width=10, patch_size=4)
+    assert out.shape == (1, 2, 2, 10)
+    # slot 0 = pixels [6, 20), slot 1 = [20, 34): centres 1.5, 5.5 lie left of it, 9.5..17.5 in slot 0,
+    # 21.5..33.5 in slot 1, 37.5 beyond the last slot
+    assert out[0, 0, 0].tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 2, 0]
+    assert out[0, 1, 1].tolist() == [0, 0, 10, 10, 10, 20, 20, 20, 20, 0]
+
+
+def test_velocity_rejects_a_unet_without_slot_channels():
+    unet = build_tiny_unet((16, 32), (8, 16), patch_size=4, cross_attention_dim=16, heads=2)
+    unet.register_to_config(in_channels=18)  # what a folder from before slot channels declares
+    with pytest.raises(ValueError, match="expects 18 input channels, got 34"):
+        tiny_velocity(unet, torch.zeros(1, 1, 16, 32), torch.ones(1), torch.zeros(1, 8, 16))
 
 
 def test_encode_sample_decode_shapes_and_determinism(model):
