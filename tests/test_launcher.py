@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -13,12 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
 
 
-def launch(*args: str, log_root: Path) -> subprocess.CompletedProcess:
+def launch(*args: str, log_root: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
            "HOME": os.environ.get("HOME", str(log_root))}
     return subprocess.run(["bash", str(LAUNCHER), *args], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True,
-                          timeout=300)
+                          timeout=timeout)
 
 
 def test_dry_run_creates_log_dir_with_command_and_resolved_config(tmp_path):
@@ -79,3 +80,20 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
     assert {"train/samples", "eval/samples"} <= set(events.Tags()["images"])
     assert (run_dir / "checkpoints" / "global_step_2" / "adapter" / "pytorch_lora_weights.safetensors").is_file()
     assert "eval reward" in (run_dir / "console.log").read_text()
+
+
+@pytest.mark.slow
+def test_default_recipe_learns_on_one_seed(tmp_path):
+    """The CPU recipe's first 20 steps raise the held-out OCR reward (fixed eval noise, 128 prompts).
+
+    Measured on a 2-core machine: 0.751 at step 0, 0.780 at step 20 (seed 42); the full 100-step recipe
+    reaches about 0.80. Half the measured 20-step gain is required, above the eval's step-to-step jitter (±0.01).
+    """
+    result = launch("runner.max_steps=20", "runner.val_check_interval=20", "runner.save_interval=0",
+                    log_root=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["eval/avg"] for r in records if "eval/avg" in r}
+    assert sorted(evals) == [0, 20]
+    assert evals[20] - evals[0] >= 0.015, evals
