@@ -10,8 +10,9 @@ the shared samplers and LoRA checkpoints.
   ``[B, 32, 96, 3]`` uint8 (the grey channel repeated).
 * conditioning is the prompt's first double-quoted span, one embedding per character slot
   (:class:`~rlrunner.models.tiny_text.CharTextEncoder`, frozen): ``cond["text_emb"]: [B, L, D]``.
-* the denoiser is a diffusers ``UNet2DConditionModel`` on 4x4 pixel-unshuffled cells plus coordinate channels
-  (see :mod:`rlrunner.models.tiny_text`); LoRA goes on its attention, feed-forward and ResNet convolutions.
+* the denoiser is a diffusers ``UNet2DConditionModel`` on 4x4 pixel-unshuffled cells plus coordinate and
+  slot channels (see :mod:`rlrunner.models.tiny_text`); LoRA goes on its attention, feed-forward and ResNet
+  convolutions.
 """
 
 from __future__ import annotations

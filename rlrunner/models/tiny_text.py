@@ -15,7 +15,7 @@ laptop (or CI) can watch DiffusionNFT raise an OCR reward without a GPU or downl
 
 Folder layout written by :func:`save_tiny_components` (``save_pretrained`` of each part, safetensors)::
 
-    model_index.json      class names + the rlrunner settings (resolution, alphabet, coordinate channels)
+    model_index.json      class names + the rlrunner settings (resolution, alphabet, coordinate channels, slot layout)
     unet/                 UNet2DConditionModel
     text_encoder/         CharTextEncoder
     README.md             model card (written by scripts/pretrain_tiny.py)
