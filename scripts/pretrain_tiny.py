@@ -55,7 +55,6 @@ def _tiny_text():
 tt = _tiny_text()
 
 # ----------------------------------------------------------------------------------------------- rendering
-SLOT_WIDTH, LEFT_MARGIN = tt.SLOT_WIDTH, tt.LEFT_MARGIN  # the layout the model's slot channels assume
 _FONTS: dict[int, ImageFont.FreeTypeFont] = {}
 
 
@@ -70,13 +69,13 @@ def render_text(text: str, rng: random.Random, height: int = 32, width: int = 96
     paper = rng.randint(215, 255) if jitter else 255
     ink = rng.randint(0, 40) if jitter else 0
     size = rng.choice((19, 20, 21, 22)) if jitter else 21
-    x0 = LEFT_MARGIN + (rng.randint(-2, 2) if jitter else 0)
+    x0 = tt.LEFT_MARGIN + (rng.randint(-2, 2) if jitter else 0)  # the slot layout the model's slot channels assume
     y0 = height / 2 + (rng.randint(-2, 2) if jitter else 0)
     img = Image.new("L", (width, height), paper)
     draw = ImageDraw.Draw(img)
     for i, char in enumerate(text):
         dx = rng.randint(-1, 1) if jitter else 0
-        draw.text((x0 + SLOT_WIDTH * i + SLOT_WIDTH / 2 + dx, y0), char, fill=ink, font=_font(size), anchor="mm")
+        draw.text((x0 + tt.SLOT_WIDTH * i + tt.SLOT_WIDTH / 2 + dx, y0), char, fill=ink, font=_font(size), anchor="mm")
     return np.asarray(img, dtype=np.float32) / 127.5 - 1.0
 
 
@@ -91,7 +90,11 @@ def random_strings(rng: random.Random, n: int, alphabet: str, min_len: int, max_
 
 
 def misspell(text: str, rng: random.Random, alphabet: str, rate: float) -> str:
-    """``text`` with each character replaced, with probability ``rate``, by a different one of ``alphabet``."""
+    """``text`` with each character replaced, with probability ``rate``, by a different one of ``alphabet``.
+
+    One ``rng.random()`` per character even at ``rate=0``: the shipped weights were trained with this draw in
+    the data stream, so removing it would change what ``--steps 2000 --seed 0`` reproduces.
+    """
     return "".join(rng.choice(alphabet.replace(c, "")) if rng.random() < rate else c for c in text)
 
 
@@ -325,8 +328,8 @@ env:
 * Denoiser: diffusers `UNet2DConditionModel` (`unet/`), block channels {channels}, one ResNet + one
   cross-attention transformer per level, no self-attention. It sees the image folded into {p}x{p} cells
   (pixel-unshuffle to {hc}x{wc}x{pp}) plus two coordinate channels (x, y in [-1, 1]) and {dim} slot channels
-  (each cell column carries the embedding of the character slot it lies in: slots are 14 pixels wide from
-  pixel 6, the layout of the training images), and predicts the flow velocity `v = eps - x0`
+  (each cell column carries the embedding of the character slot it lies in: slots are {slot_width} pixels wide from
+  pixel {left_margin}, the layout of the training images), and predicts the flow velocity `v = eps - x0`
   (`x_t = (1 - t) x0 + t eps`, timestep = 1000 t). Pixels in [-1, 1], no VAE.
 * Text encoder (`text_encoder/`, `rlrunner.models.tiny_text.CharTextEncoder`): the prompt's first quoted span,
   one slot per character (max {slots}), character + slot-position embeddings and one transformer layer, width
@@ -374,7 +377,8 @@ def write_card(args: argparse.Namespace, result: dict) -> None:
         steps=result["num_steps"], alphabet=result["alphabet"], speed=result["sample_seconds_per_64"],
         cpu_speed=result["sample_cpu_seconds_per_64"],
         channels=tuple(unet_cfg["block_out_channels"]), p=p, hc=h // p, wc=w // p, pp=p * p,
-        slots=text_cfg["max_length"], dim=text_cfg["dim"], budget=pre.get("budget", f"--minutes {args.minutes:g}"),
+        slots=text_cfg["max_length"], dim=text_cfg["dim"], slot_width=tt.SLOT_WIDTH, left_margin=tt.LEFT_MARGIN,
+        budget=pre.get("budget", f"--minutes {args.minutes:g}"),
         seed=pre.get("seed", args.seed),
         lr=pre.get("lr", args.lr), batch=pre.get("batch_size", args.batch_size), steps_run=pre.get("steps", 0),
         minutes=pre.get("minutes", 0.0), loss=pre.get("final_loss_ema", float("nan")),
