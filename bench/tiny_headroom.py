@@ -1,7 +1,7 @@
 """How much could RL gain on the tiny model in a CPU recipe's budget? Three measurements that bound it.
 
-    python bench/tiny_headroom.py                        # the shipped model, about 8 minutes on 1 core
-    python bench/tiny_headroom.py --oracle-steps 80      # a longer oracle run
+    python bench/tiny_headroom.py                        # the shipped model, 30 oracle steps
+    python bench/tiny_headroom.py --oracle-steps 80      # the README's table: about 10 minutes on 1 free core
 
 1. **Noise temperature**: held-out OCR reward when the initial noise is scaled by T < 1. Lower T gives more
    typical ("modal") samples; the gap to T = 1 is what sharpening the model's distribution could win.
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlrunner.algorithms.samplers import training_timesteps
 from rlrunner.config.schema import FamilyConfig
+from rlrunner.data.prompts import load_prompts
 from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.rewards.base import build_reward
@@ -42,10 +43,6 @@ from rlrunner.rewards.base import build_reward
 DATA = ROOT / "examples/diffusion/data/tiny_ocr"
 RECIPE = ROOT / "examples/diffusion/config/tiny_nft_ocr.yaml"
 CHUNK = 64  # images per sampling call
-
-
-def read_prompts(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
 class Headroom:
@@ -58,7 +55,7 @@ class Headroom:
         self.model = TinyFlowModel.load(str(args.model_path), cfg, device=torch.device("cpu"), dtype=torch.float32)
         self.reward = build_reward({"model": "ocr", "engine": "rapidocr", "rec_only": True,
                                     "alphabet": self.model.alphabet, "batch_size": CHUNK})
-        self.test = read_prompts(DATA / "test.txt")[: args.num_prompts]
+        self.test = load_prompts(DATA, "test")[: args.num_prompts]
         self.eval_noise = torch.randn(len(self.test), *self.model.latent_shape,
                                       generator=torch.Generator().manual_seed(args.seed))
 
@@ -93,7 +90,7 @@ class Headroom:
         args, model = self.args, self.model
         params = model.adapter_parameters(TRAINED_ADAPTER)
         optimizer = torch.optim.AdamW(params, lr=args.oracle_lr, weight_decay=1e-4)
-        train, rng = read_prompts(DATA / "train.txt"), random.Random(args.seed)
+        train, rng = load_prompts(DATA, "train"), random.Random(args.seed)
         generator = torch.Generator().manual_seed(args.seed)
         grid = training_timesteps(args.num_steps)
         start = self.held_out(adapter=TRAINED_ADAPTER)
@@ -120,7 +117,8 @@ def main() -> None:
     p.add_argument("--model-path", type=Path, default=ROOT / "examples/diffusion/models/tiny-ocr-flow")
     p.add_argument("--num-prompts", type=int, default=128, help="held-out prompts (fixed noise)")
     p.add_argument("--num-steps", type=int, default=10, help="Euler steps, as in the recipe")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.8, 0.6, 0.4])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.8, 0.6, 0.5, 0.4],
+                   help="include --oracle-temperature to see the teacher's score")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--group-prompts", type=int, default=32)
     p.add_argument("--oracle-steps", type=int, default=30, help="0 skips the oracle")
