@@ -23,8 +23,9 @@ from tqdm import tqdm
 from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
 from rlrunner.checkpoint import load_checkpoint, resolve_resume_dir, save_checkpoint
-from rlrunner.cluster import create_cluster
+from rlrunner.cluster import create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
+from rlrunner.config.validate import check_placement
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.rewards import RewardOutput
@@ -63,6 +64,7 @@ class Runner:
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
+        write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
         self.step = 0
         self.nonfinite_in_a_row = 0
@@ -312,6 +314,7 @@ def run(cfg: DictConfig, log_dir: Path) -> None:
         torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     try:
         with create_cluster(cfg.cluster) as cluster:
+            check_placement(cfg, cluster.placement)  # again: a joined Ray cluster's devices may differ from ours
             runner = Runner(cfg, log_dir, cluster)
             try:
                 runner.fit()
