@@ -67,6 +67,7 @@ class Runner:
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
         self.step = 0
+        self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
         # collocated actor and rollout take turns on the device when the recipe asks for offloading
         self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
@@ -87,8 +88,8 @@ class Runner:
         run = self.cfg.runner
         if self.step == 0 and run.val_before_train:
             self.evaluate()
-        progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                        file=sys.stderr)
+        progress = self.progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step",
+                                        dynamic_ncols=True, file=sys.stderr)
         while self.step < self.max_steps:
             metrics = self.train_step()
             progress.update(1)
@@ -285,6 +286,8 @@ class Runner:
         tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
 
     def close(self) -> None:
+        if self.progress is not None:  # also after a failed step, so the bar is not redrawn after the error
+            self.progress.close()
         self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.env.call("close")
         self.run_logger.close()
