@@ -171,7 +171,9 @@ def _parse_devices(key: str, spec: Any, num_nodes: int, devices_per_node: int) -
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
     else:
-        raise PlacementError(f"{where} is not a device range; use 'all', a device id like 3, or a range 'a-b' like '0-3'")
+        raise PlacementError(
+            f"{where} is not a device range; use 'all', a device id like 3, or a range 'a-b' like '0-3'"
+        )
     if first < 0:
         raise PlacementError(f"{where}: device ids start at 0")
     if first > last:

@@ -330,7 +330,8 @@ class RayCluster(Cluster):
             for d in devices:
                 self._slots_used[d] -= 1
             raise
-        locations = [WorkerLocation(role, rank, i["node_id"], i["node_ip"], i["device"]) for rank, i in enumerate(infos)]
+        locations = [WorkerLocation(role, rank, info["node_id"], info["node_ip"], info["device"])
+                     for rank, info in enumerate(infos)]
         group = RayWorkerGroup(self, role, devices, hosts, locations)
         self._groups.append(group)
         return group

@@ -35,7 +35,8 @@ RUN_TIMEOUT_S = 420
 WORKER_TIMEOUT_S = 60
 # recipe: 2 nodes x 2 CPU "devices"; actor ranks on node 0 (devices 0-1), rollout and env on node 1
 SPLIT = ["cluster.backend=ray", "cluster.num_nodes=2", "cluster.num_devices_per_node=2",
-         "cluster.component_placement={actor: 0-1, rollout: 2, env: 3}", f"cluster.worker_timeout_s={WORKER_TIMEOUT_S}",
+         "cluster.component_placement={actor: 0-1, rollout: 2, env: 3}",
+         f"cluster.worker_timeout_s={WORKER_TIMEOUT_S}",
          "runner.max_steps=3", "runner.save_interval=1", "runner.val_before_train=false",
          "runner.val_check_interval=0", "runner.sample_log_interval=0"]
 RECIPE_NODE = {"actor": 0, "rollout": 1, "env": 1}

@@ -67,16 +67,16 @@ def test_a_node_the_cluster_does_not_have_is_named_with_what_it_has():
 def test_a_gpu_beyond_a_smaller_node_is_named():
     placement = parse_placement({"actor,rollout": "0-7", "env": "8-15"}, num_nodes=2, devices_per_node=8)
     message = one_line_error(placement, recipe_nodes(GPU_CLUSTER, "cuda"), "cuda")  # node 0 = bb03, 4 GPUs
-    assert message.startswith("cluster.component_placement: actor and rollout ask for device 4 (node 0, its device 4), but "
-                              "node 0 of the Ray cluster at 10.0.0.1:6379 is 10.0.0.9 (ray node bb03, 4 GPUs, "
-                              "32 CPUs) with 4 GPUs; set cluster.num_devices_per_node")
+    assert message.startswith("cluster.component_placement: actor and rollout ask for device 4 (node 0, its device "
+                              "4), but node 0 of the Ray cluster at 10.0.0.1:6379 is 10.0.0.9 (ray node bb03, 4 "
+                              "GPUs, 32 CPUs) with 4 GPUs; set cluster.num_devices_per_node")
 
 
 def test_no_node_with_the_device_kind():
     placement = parse_placement({"actor,env,rollout": "all"}, num_nodes=1, devices_per_node=1)
     message = one_line_error(placement, recipe_nodes(GPU_CLUSTER, "npu"), "npu")
-    assert "actor, env and rollout ask for device 0 (node 0, its device 0), but the Ray cluster at 10.0.0.1:6379 has no alive " \
-           "node with NPUs" in message
+    assert ("actor, env and rollout ask for device 0 (node 0, its device 0), but the Ray cluster at 10.0.0.1:6379 "
+            "has no alive node with NPUs") in message
 
 
 def test_more_worker_cpus_than_a_node_has():
