@@ -109,9 +109,8 @@ def check_placement_fits(
             )
         if device_type != "cpu" and local >= nodes[k].devices:
             raise PlacementError(
-                f"{asked}, but node {k} of {cluster_name} is {nodes[k].describe()} with "
-                f"{_count(nodes[k].devices, RAY_RESOURCE[device_type])}; set cluster.num_devices_per_node "
-                "to the smallest node's count or fix cluster.component_placement"
+                f"{asked}, but node {k} of {cluster_name} is {nodes[k].describe()}; set "
+                "cluster.num_devices_per_node to the smallest node's count or fix cluster.component_placement"
             )
     for k, node in enumerate(nodes):
         workers = sum(len(placement.components_on(d)) for d in placement.used_devices if placement.node_of(d) == k)

@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,15 +71,25 @@ def two_nodes(tmp_path_factory):
             cluster.shutdown()
 
 
-def start_run(nodes: SimpleNamespace, name: str, *overrides: str) -> tuple[subprocess.Popen, Path]:
-    """``python -m rlrunner.train`` joining the cluster by ``cluster.ray_address``; returns it and its log dir."""
+@contextmanager
+def training(nodes: SimpleNamespace, name: str, *overrides: str) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
+    """``python -m rlrunner.train`` joining the cluster by ``cluster.ray_address``: the process, its log dir and
+    the file its stderr goes to (a file, not a pipe, so a chatty run never blocks). The process is killed on
+    leaving the block if it still runs (a failed assertion, a timeout)."""
     log_dir = nodes.root / "logs" / name
     command = [sys.executable, "-m", "rlrunner.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
                *SMALL_OVERRIDES, *nodes.paths, f"cluster.ray_address={nodes.address}", *overrides]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return proc, log_dir
+    stderr = nodes.root / f"{name}.stderr"
+    with open(nodes.root / f"{name}.stdout", "w") as out, open(stderr, "w") as err:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err)
+    try:
+        yield proc, log_dir, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def rlrunner_actors(known: set[str] = frozenset()) -> dict[str, dict]:
@@ -90,22 +102,18 @@ def rlrunner_actors(known: set[str] = frozenset()) -> dict[str, dict]:
 def killed_run(two_nodes):
     """The split recipe, SIGKILLed in one actor rank's process once global_step_1 is saved."""
     before = set(rlrunner_actors())
-    with _Alarm(RUN_TIMEOUT_S):
-        proc, log_dir = start_run(two_nodes, "20260101-000000-multinode", *SPLIT)
-        try:
-            while not complete_checkpoints(log_dir / "checkpoints"):
-                assert proc.poll() is None, f"the run ended before its first checkpoint:\n{proc.stderr.read()}"
-                time.sleep(0.1)
-            alive = {aid: a for aid, a in rlrunner_actors(before).items() if a["State"] == "ALIVE"}
-            (victim,) = [a for a in alive.values() if a["Name"].startswith("rlrunner-actor-1-")]
-            os.kill(victim["Pid"], signal.SIGKILL)
-            killed_at = time.monotonic()
-            _, stderr = proc.communicate(timeout=WORKER_TIMEOUT_S + 30)
-            stopped_after = time.monotonic() - killed_at
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    return SimpleNamespace(log_dir=log_dir, actors=alive, returncode=proc.returncode, stderr=stderr,
+    run = training(two_nodes, "20260101-000000-multinode", *SPLIT)
+    with _Alarm(RUN_TIMEOUT_S), run as (proc, log_dir, stderr):
+        while not complete_checkpoints(log_dir / "checkpoints"):
+            assert proc.poll() is None, f"the run ended before its first checkpoint:\n{stderr.read_text()}"
+            time.sleep(0.1)
+        alive = {aid: a for aid, a in rlrunner_actors(before).items() if a["State"] == "ALIVE"}
+        (victim,) = [a for a in alive.values() if a["Name"].startswith("rlrunner-actor-1-")]
+        os.kill(victim["Pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.wait(timeout=WORKER_TIMEOUT_S + 30)
+        stopped_after = time.monotonic() - killed_at
+    return SimpleNamespace(log_dir=log_dir, actors=alive, returncode=proc.returncode, stderr=stderr.read_text(),
                            stopped_after=stopped_after)
 
 
@@ -136,9 +144,10 @@ def test_a_killed_worker_stops_the_run_with_one_line_naming_it(killed_run):
 def test_resume_auto_finishes_the_killed_run_from_its_last_complete_checkpoint(two_nodes, killed_run):
     saved = [int(p.name.rsplit("_", 1)[1]) for p in complete_checkpoints(killed_run.log_dir / "checkpoints")]
     assert saved and saved[-1] < 3
-    with _Alarm(RUN_TIMEOUT_S):
-        proc, log_dir = start_run(two_nodes, "20260101-000001-multinode", *SPLIT, "runner.resume_dir=auto")
-        _, stderr = proc.communicate(timeout=RUN_TIMEOUT_S - 10)
+    resumed = training(two_nodes, "20260101-000001-multinode", *SPLIT, "runner.resume_dir=auto")
+    with _Alarm(RUN_TIMEOUT_S), resumed as (proc, log_dir, stderr_file):
+        proc.wait(timeout=RUN_TIMEOUT_S - 10)
+    stderr = stderr_file.read_text()
     assert proc.returncode == 0, stderr
     assert f"resumed from {killed_run.log_dir / 'checkpoints' / f'global_step_{saved[-1]}'}" in stderr
     assert [m["step"] for m in train_metrics(log_dir)] == list(range(saved[-1] + 1, 4))
@@ -147,10 +156,11 @@ def test_resume_auto_finishes_the_killed_run_from_its_last_complete_checkpoint(t
 
 def test_a_device_the_cluster_lacks_fails_before_any_model_loads(two_nodes):
     before = set(rlrunner_actors())
-    with _Alarm(STARTUP_TIMEOUT_S):
-        proc, _ = start_run(two_nodes, "20260101-000002-toolarge", "cluster.backend=ray", "cluster.num_nodes=3",
-                            "cluster.component_placement={actor: 0, rollout: 1, env: 2}")
-        _, stderr = proc.communicate(timeout=STARTUP_TIMEOUT_S - 10)
+    too_large = training(two_nodes, "20260101-000002-toolarge", "cluster.backend=ray", "cluster.num_nodes=3",
+                         "cluster.component_placement={actor: 0, rollout: 1, env: 2}")
+    with _Alarm(STARTUP_TIMEOUT_S), too_large as (proc, _, stderr_file):
+        proc.wait(timeout=STARTUP_TIMEOUT_S - 10)
+    stderr = stderr_file.read_text()
     assert proc.returncode == 2, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1].startswith(

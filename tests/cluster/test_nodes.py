@@ -69,7 +69,7 @@ def test_a_gpu_beyond_a_smaller_node_is_named():
     message = one_line_error(placement, recipe_nodes(GPU_CLUSTER, "cuda"), "cuda")  # node 0 = bb03, 4 GPUs
     assert message.startswith("cluster.component_placement: actor and rollout ask for device 4 (node 0, its device "
                               "4), but node 0 of the Ray cluster at 10.0.0.1:6379 is 10.0.0.9 (ray node bb03, 4 "
-                              "GPUs, 32 CPUs) with 4 GPUs; set cluster.num_devices_per_node")
+                              "GPUs, 32 CPUs); set cluster.num_devices_per_node to the smallest node's count")
 
 
 def test_no_node_with_the_device_kind():
