@@ -120,7 +120,7 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     dtype = PRECISIONS[model_cfg.precision]
     denoiser = build_on_meta(components[denoiser_name])
     config = components[denoiser_name].config
-    text_encoders = {name: module_bytes(build_on_meta(c), dtype) for name, c in components.items()
+    text_encoders = {name: module_bytes(build_on_meta(c, dtype), dtype) for name, c in components.items()
                      if name not in (denoiser_name, VAE_NAME)}
     heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
     return ModelSizes(

@@ -82,13 +82,25 @@ def read_components(folder: str | Path) -> tuple[dict[str, Any], dict[str, Compo
     return index, components
 
 
-def build_on_meta(component: Component) -> nn.Module:
-    """The component's module with every parameter and buffer on the meta device (no memory, no weights)."""
+def _is_transformers_model(cls: type) -> bool:
+    return hasattr(cls, "config_class") and hasattr(cls, "_from_config")
+
+
+def build_on_meta(component: Component, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The component's module with every parameter and buffer on the meta device (no memory, no weights).
+
+    transformers models are built under ``dtype`` as the default dtype, as their ``from_pretrained`` does, so
+    that buffers computed in float32 on purpose (rotary ``inv_freq``) keep it.
+    """
+    default = torch.get_default_dtype()
     with torch.device("meta"):
-        if hasattr(component.cls, "config_class") and hasattr(component.cls, "_from_config"):  # transformers
-            config = component.cls.config_class.from_dict(component.config)
-            return component.cls._from_config(config)
-        return component.cls.from_config(component.config)  # diffusers (and rlrunner's ConfigMixin models)
+        if not _is_transformers_model(component.cls):
+            return component.cls.from_config(component.config)  # diffusers (and rlrunner's ConfigMixin models)
+        torch.set_default_dtype(dtype)
+        try:
+            return component.cls._from_config(component.cls.config_class.from_dict(component.config))
+        finally:
+            torch.set_default_dtype(default)
 
 
 def _fp32_module_names(module: nn.Module, dtype: torch.dtype) -> set[str]:
@@ -102,16 +114,21 @@ def _fp32_module_names(module: nn.Module, dtype: torch.dtype) -> set[str]:
 
 
 def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
-    """Bytes of ``module``'s parameters and buffers when loaded in ``dtype`` (float tensors; others keep theirs)."""
+    """Bytes of ``module``'s parameters and buffers when loaded in ``dtype``.
+
+    ``module`` comes from :func:`build_on_meta` with the same ``dtype``. Floating parameters (and diffusers'
+    buffers) take ``dtype`` unless kept in float32; transformers' buffers keep the dtype they were built in.
+    """
     keep_fp32 = _fp32_module_names(module, dtype)
+    own_buffer_dtype = _is_transformers_model(type(module))
     total = 0
-    named = [*module.named_parameters(remove_duplicate=True), *module.named_buffers(remove_duplicate=True)]
-    for name, tensor in named:
-        if not tensor.is_floating_point():
-            total += tensor.numel() * tensor.element_size()
-            continue
-        stored = torch.float32 if keep_fp32 & set(name.split(".")) else dtype
-        total += tensor.numel() * stored.itemsize
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, tensor in named:
+            if not tensor.is_floating_point() or (kind == "buffer" and own_buffer_dtype):
+                total += tensor.numel() * tensor.element_size()
+            else:
+                stored = torch.float32 if keep_fp32 & set(name.split(".")) else dtype
+                total += tensor.numel() * stored.itemsize
     return total
 
 
