@@ -85,7 +85,7 @@ def device_peak(plans: dict[str, ComponentPlan], components: tuple[str, ...], *,
     return best
 
 
-def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, folder: Path, config_name: str,
+def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_name: str,
            memory: DeviceMemory | None) -> list[str]:
     """The plan as printed lines (a warning line starts with ``WARNING:``)."""
     model = cfg.actor.model
@@ -94,7 +94,8 @@ def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, folder: Pa
     plans = {"actor": actor_plan(sizes, geometry, strategy, bool(family_cfg.gradient_checkpointing)),
              "rollout": rollout_plan(sizes, geometry, family_cfg), "env": env_plan()}
     lines = [
-        f"rlrunner plan for {config_name!r}: {model.model_type} from {folder} (config files only; no weights read)",
+        (f"rlrunner plan for {config_name!r}: {model.model_type} from {model.model_path} (config files only; no "
+         f"weights read)"),
         (f"precision {model.precision} (VAE fp32; LoRA, gradients and AdamW state fp32); actor.strategy {strategy}; "
          f"{placement.num_devices} device(s) ({placement.num_nodes} node(s) x {placement.devices_per_node})"),
         (f"step: {geometry.samples} samples = {geometry.prompts} prompts x group {geometry.group_size}; rollout: "
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = (DeviceMemory("--device-memory", int(args.device_memory * 2**30)) if args.device_memory
               else visible_device_memory())
     geometry = step_geometry(cfg, placement)
-    print("\n".join(render(cfg, sizes, geometry, placement, folder, args.config_name, memory)))
+    print("\n".join(render(cfg, sizes, geometry, placement, args.config_name, memory)))
     return 0
 
 

@@ -263,12 +263,14 @@ def rollout_plan(sizes: ModelSizes, geometry: StepGeometry, family_cfg: Any) -> 
              f"{format_count(sizes.denoiser_params)} params, {_dtype_name(sizes.dtype)}, full replica", swapped=True),
         Part("rollout", "LoRA adapters default + ema", 2 * lora, "fp32", swapped=True),
     ])
+    # offloaded encoders / VAE visit the device while the rollout runs: counted in its phase (a slight
+    # overestimate: encoding, sampling and decoding do not overlap)
     for name, size in sizes.text_encoder_bytes.items():
         where = "host memory; on the device only while encoding" if offload_te else _dtype_name(sizes.dtype)
-        plan.parts.append(Part("rollout", f"text encoder {name}", size, where, counted=not offload_te))
+        plan.parts.append(Part("rollout", f"text encoder {name}", size, where, transient=offload_te))
     if sizes.vae_bytes:
         where = "host memory; on the device only while decoding" if offload_vae else "fp32"
-        plan.parts.append(Part("rollout", "VAE", sizes.vae_bytes, where, counted=not offload_vae))
+        plan.parts.append(Part("rollout", "VAE", sizes.vae_bytes, where, transient=offload_vae))
     plan.parts.append(Part("rollout", "generate call: noise + x0 + conditioning",
                            2 * sizes.latent_bytes(n) + sizes.cond_bytes(n * geometry.cfg_factor),
                            f"{n} samples per call (fp32 latents, conditioning per sample)", transient=True))
