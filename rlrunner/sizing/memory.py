@@ -117,7 +117,8 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     if denoiser_name is None or VAE_NAME not in components and model_cfg.model_type != "tiny":
         raise ModelFolderError(f"{folder / 'model_index.json'} lists {sorted(components)}: no denoiser "
                                f"({' or '.join(DENOISER_NAMES)}) or no {VAE_NAME}")
-    dtype = PRECISIONS[model_cfg.precision]
+    # the recipe's precision on an accelerator; a run pinned to the CPU computes in fp32 (resolve_dtype)
+    dtype = torch.float32 if model_cfg.device == "cpu" else PRECISIONS[model_cfg.precision]
     denoiser = build_on_meta(components[denoiser_name])
     config = components[denoiser_name].config
     text_encoders = {name: module_bytes(build_on_meta(c, dtype), dtype) for name, c in components.items()

@@ -59,6 +59,21 @@ def _import_class(library: str, class_name: str, where: str) -> type:
                                f"({err})") from None
 
 
+def _is_model_component(folder: Path, name: str, entry: list[str]) -> type | None:
+    """The entry's class if it is an ``nn.Module``; None for schedulers, tokenizers and processors.
+
+    A class that does not import counts as a model only when its folder has a ``config.json`` (tokenizers and
+    schedulers keep their settings in other files), so a tokenizer this environment lacks is no error.
+    """
+    try:
+        cls = _import_class(entry[0], entry[1], f"{folder / MODEL_INDEX} entry {name!r}")
+    except ModelFolderError:
+        if (folder / name / CONFIG_FILE).is_file():
+            raise
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
+
+
 def read_components(folder: str | Path) -> tuple[dict[str, Any], dict[str, Component]]:
     """``model_index.json`` and the folder's model components (``nn.Module`` classes) with their configs.
 
@@ -74,8 +89,8 @@ def read_components(folder: str | Path) -> tuple[dict[str, Any], dict[str, Compo
         if name.startswith("_") or not (isinstance(entry, list) and len(entry) == 2
                                         and all(isinstance(part, str) for part in entry)):
             continue  # settings, and [null, null] for an absent component
-        cls = _import_class(entry[0], entry[1], f"{folder / MODEL_INDEX} entry {name!r}")
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        cls = _is_model_component(folder, name, entry)
+        if cls is None:
             continue
         config = _read_json(folder / name / CONFIG_FILE, f"{name} is listed in {MODEL_INDEX} as {entry[1]}")
         components[name] = Component(name, cls, config, folder / name)

@@ -5,6 +5,7 @@ Lives with the model-family tests for their tiny random-weight folders (``tiny_d
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -188,11 +189,24 @@ def test_plan_warns_when_it_does_not_fit(capsys):
     assert out.strip().splitlines()[-1].startswith("WARNING: device 0 need about")
 
 
+def _edit_index(folder: Path, **entries) -> None:
+    index = json.loads((folder / MODEL_INDEX).read_text())
+    (folder / MODEL_INDEX).write_text(json.dumps(index | entries))
+
+
+def test_plan_skips_a_tokenizer_class_this_environment_lacks(tmp_path, capsys):
+    folder = config_only_copy(TINY_FOLDER, tmp_path / "tiny")
+    _edit_index(folder, tokenizer=["transformers", "NoSuchTokenizer"])
+    assert main(["tiny_nft_ocr", f"actor.model.model_path={folder}"]) == 0
+    assert "peak (estimate)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("setup", "message"), [
     ("missing_folder", "does not exist"),
     ("missing_index", "model_index.json is missing"),
     ("missing_config", "text_encoder/config.json is missing: text_encoder is listed in model_index.json"),
     ("hub_id", "is a hub id; the plan reads a local folder"),
+    ("unknown_model_class", "names diffusers.NoSuchModel, which this environment cannot import"),
 ])
 def test_plan_errors_are_one_line_with_exit_2(tmp_path, capsys, setup, message):
     folder = config_only_copy(TINY_FOLDER, tmp_path / "tiny")
@@ -201,6 +215,8 @@ def test_plan_errors_are_one_line_with_exit_2(tmp_path, capsys, setup, message):
         (folder / MODEL_INDEX).unlink()
     if setup == "missing_config":
         (folder / "text_encoder" / CONFIG_FILE).unlink()
+    if setup == "unknown_model_class":
+        _edit_index(folder, unet=["diffusers", "NoSuchModel"])
     assert main(["tiny_nft_ocr", f"actor.model.model_path={path}"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
