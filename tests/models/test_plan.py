@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from rlrunner.config.schema import ModelConfig
 from rlrunner.models.tiny import TinyFlowModel
+from rlrunner.models.tiny_text import load_tiny_components
 from rlrunner.plan import device_peak, main
 from rlrunner.sizing.memory import (
     ComponentPlan,
@@ -74,11 +75,12 @@ def test_sizes_from_configs_equal_the_loaded_model_in_bf16(load_tiny, tiny_dirs,
 def test_tiny_sizes_equal_the_shipped_model():
     family_cfg = OmegaConf.structured(ModelConfig).tiny
     model = TinyFlowModel.load(str(TINY_FOLDER), family_cfg, device=torch.device("cpu"), dtype=torch.float32)
+    unet, text_encoder, _ = load_tiny_components(str(TINY_FOLDER))
     sizes = model_sizes(_model_cfg("tiny", family_cfg, "fp32"), TINY_FOLDER)
-    named = dict(model.transformer.named_parameters())
-    assert sizes.denoiser_params + sum(p.numel() for p in model.text_encoder.parameters()) == 2_850_096  # the card
-    assert sizes.lora_params == sum(p.numel() for n, p in named.items() if ".default." in n)
-    assert sizes.text_encoder_bytes == {"text_encoder": _bytes(model.text_encoder.parameters())}
+    assert sizes.denoiser_params + sum(p.numel() for p in text_encoder.parameters()) == 2_850_096  # the model card
+    assert sizes.denoiser_bytes == _bytes([*unet.parameters(), *unet.buffers()])
+    assert sizes.lora_params == sum(p.numel() for n, p in model.transformer.named_parameters() if ".default." in n)
+    assert sizes.text_encoder_bytes == {"text_encoder": _bytes([*text_encoder.parameters(), *text_encoder.buffers()])}
     assert sizes.shapes.latent == model.latent_shape == (1, 32, 96)
 
 
