@@ -104,13 +104,15 @@ def _check_family(cfg: DictConfig, base_dir: Path) -> None:
         _fail(f"{family_key}.lora_path={family.lora_path!r} does not exist")
 
 
-def _check_env(cfg: DictConfig, split: str, base_dir: Path) -> None:
+def _check_env(cfg: DictConfig, split: str, base_dir: Path, check_datasets: bool) -> None:
     env = cfg.env[split]
     group_size = cfg.algorithm.group_size
     _check_positive(cfg, f"env.{split}.total_num_envs", f"env.{split}.rollout_epoch")
     if split == "train" and env.total_num_envs % group_size:
         _fail(f"env.train.total_num_envs={env.total_num_envs} is not a multiple of algorithm.group_size="
               f"{group_size}; use e.g. {max(1, env.total_num_envs // group_size) * group_size}")
+    if not check_datasets:
+        return
     if not env.dataset.path:
         _fail(f"env.{split}.dataset.path is empty; set it to a directory with {env.dataset.split}.txt or a .txt file")
     path = base_dir / Path(env.dataset.path).expanduser()
@@ -137,8 +139,11 @@ def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:
               f"of actor.global_batch_size={actor.global_batch_size}")
 
 
-def validate(cfg: DictConfig, base_dir: Path) -> None:
-    """Reject contradictory or impossible recipes; ``base_dir`` anchors relative paths."""
+def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> None:
+    """Reject contradictory or impossible recipes; ``base_dir`` anchors relative paths.
+
+    ``check_datasets=False`` skips the prompt files (``rlrunner.plan`` sizes a run without reading prompts).
+    """
     from rlrunner.cluster import detect_devices_per_node, parse_placement
 
     for key, valid in CHOICES.items():
@@ -151,8 +156,8 @@ def validate(cfg: DictConfig, base_dir: Path) -> None:
     check_tau(cfg.algorithm.nft_tau)
     _check_positive(cfg, "algorithm.nft_timesteps_per_sample")
     _check_family(cfg, base_dir)
-    _check_env(cfg, "train", base_dir)
-    _check_env(cfg, "eval", base_dir)
+    _check_env(cfg, "train", base_dir, check_datasets)
+    _check_env(cfg, "eval", base_dir, check_datasets)
     _check_positive(cfg, "actor.micro_batch_size", "actor.global_batch_size", "algorithm.group_size")
     if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
         _fail("set runner.max_steps or runner.max_epochs to a positive number")
