@@ -1,7 +1,8 @@
 """Command-line entry point: ``python -m rlrunner.train --config-name NAME [key=value ...] [--dry-run]``.
 
 ``examples/diffusion/run_diffusion.sh`` calls this with ``--log-dir``; used directly, it makes
-``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself. User errors print one line and exit with status 2.
+``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself. User errors print one line and exit with status 2; a worker
+that raised, died or hung ends the run with status 1 and a last line naming its component and rank.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml
 
 EXIT_USER_ERROR = 2
+EXIT_WORKER_FAILED = 1
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -80,13 +82,20 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 0
     from rlrunner.checkpoint import CheckpointError
+    from rlrunner.cluster import PlacementError, WorkerError
     from rlrunner.runner import run
 
     try:
         run(cfg, log_dir)
-    except (RecipeError, CheckpointError) as err:
+    except (RecipeError, CheckpointError, PlacementError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except WorkerError as err:
+        if err.detail:  # the worker's own traceback, or Ray's account of how its process ended
+            print(err.detail.rstrip(), file=sys.stderr)
+        print(f"rlrunner: error: {err.summary}; all workers stopped (runner.resume_dir=auto resumes from the "
+              "last complete checkpoint)", file=sys.stderr)
+        return EXIT_WORKER_FAILED
     except KeyboardInterrupt:
         print("rlrunner: interrupted; workers stopped (last complete checkpoint is kept)", file=sys.stderr)
         return 130

@@ -7,6 +7,7 @@ what to change.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,6 @@ def _check_env(cfg: DictConfig, split: str, base_dir: Path, check_datasets: bool
 
 def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:
     actor = cfg.actor
-    _check_positive(cfg, "actor.micro_batch_size", "actor.global_batch_size", "algorithm.group_size")
     step = actor.micro_batch_size * num_actor_workers
     if actor.global_batch_size % step:
         _fail(f"actor.global_batch_size={actor.global_batch_size} is not divisible by actor.micro_batch_size="
@@ -137,8 +137,6 @@ def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:
     if samples % actor.global_batch_size:
         _fail(f"one step rolls out env.train.total_num_envs x rollout_epoch = {samples} samples, not a multiple "
               f"of actor.global_batch_size={actor.global_batch_size}")
-    if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
-        _fail("set runner.max_steps or runner.max_epochs to a positive number")
 
 
 def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> None:
@@ -160,11 +158,27 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_family(cfg, base_dir)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)
-    try:
-        placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
-                                    detect_devices_per_node(cfg.cluster))
-    except (ValueError, TypeError) as err:
-        _fail(str(err))
+    _check_positive(cfg, "actor.micro_batch_size", "actor.global_batch_size", "algorithm.group_size")
+    if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
+        _fail("set runner.max_steps or runner.max_epochs to a positive number")
+    if _devices_known_offline(cfg.cluster):
+        try:
+            placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
+                                        detect_devices_per_node(cfg.cluster))
+        except (ValueError, TypeError) as err:
+            _fail(str(err))
+        check_placement(cfg, placement)
+
+
+def _devices_known_offline(cluster: DictConfig) -> bool:
+    """False when the recipe joins an existing Ray cluster and leaves its devices per node to detection: then
+    the driver machine's devices say nothing, and the placement is checked after connecting (runner.run)."""
+    joins = cluster.backend == "ray" and bool(cluster.ray_address or os.environ.get("RAY_ADDRESS"))
+    return not joins or cluster.num_devices_per_node > 0
+
+
+def check_placement(cfg: DictConfig, placement: Any) -> None:
+    """Checks that need the placement (a :class:`~rlrunner.cluster.Placement`): batch and prompt shares."""
     _check_batches(cfg, placement.num_workers("actor"))
     if cfg.runner.rollout_ahead and cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout"):
         _fail("runner.rollout_ahead=true needs the actor and rollout models on the device at the same time; it "
