@@ -213,6 +213,9 @@ class ActorConfig:
     micro_batch_size: int = 4
     global_batch_size: int = 64
     seed: int = 42
+    # the actor workers hold only what they train (denoiser + LoRA adapters + optimizer state): text encoders and
+    # VAE are freed when they start, since no actor feature needs them (they train on the rollout's latents and
+    # its text conditioning, sent once per prompt); the rollout workers keep them
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
