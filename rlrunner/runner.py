@@ -44,6 +44,18 @@ def _split(items: list, parts: int) -> list[list]:
     return [items[i * size:(i + 1) * size] for i in range(parts)]
 
 
+def _shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
+    """Consecutive shares of ``ceil(total / parts)`` samples (the last ones may be shorter or empty) of shards of
+    ``sizes`` samples, each as pieces ``(shard, start, stop)``; an empty share is one empty piece of shard 0."""
+    total = sum(sizes)
+    size, offsets = math.ceil(total / parts), np.cumsum([0, *sizes[:-1]]).tolist()
+    shares = []
+    for lo, hi in ((i * size, min((i + 1) * size, total)) for i in range(parts)):
+        shares.append([(i, max(lo - o, 0), min(hi - o, n)) for i, (o, n) in enumerate(zip(offsets, sizes))
+                       if o < hi and lo < o + n] or [(0, 0, 0)])
+    return shares
+
+
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts])) for k in dicts[0]}
 
@@ -189,14 +201,8 @@ class Runner:
     def submit_reward(self, scored: list[Any], sizes: list[int], split: str) -> list[int]:
         """Hand the env workers an equal share each of one chunk's samples, as pieces ``(handle, start, stop)``
         of the rollout shards' scored parts (``sizes`` samples each); returns their tickets."""
-        n_env, total = self.env.world_size, sum(sizes)
-        size, offsets = math.ceil(total / n_env), np.cumsum([0, *sizes[:-1]])
-        per_rank = []
-        for lo, hi in ((i * size, min((i + 1) * size, total)) for i in range(n_env)):
-            pieces = [(part, int(max(lo - o, 0)), int(min(hi - o, n))) for part, o, n in zip(scored, offsets, sizes)
-                      if o < hi and lo < o + n]
-            per_rank.append((pieces or [(scored[0], 0, 0)], split))
-        return self.env.scatter("submit", per_rank)
+        shares = _shares(sizes, self.env.world_size)
+        return self.env.scatter("submit", [([(scored[i], lo, hi) for i, lo, hi in share], split) for share in shares])
 
     def collect_reward(self, tickets: list[int]) -> RewardOutput:
         return RewardOutput.concat(self.env.scatter("collect", [(t,) for t in tickets]))
