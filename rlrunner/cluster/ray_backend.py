@@ -15,12 +15,13 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, last_line, split_parts
 from rlrunner.cluster.distributed import find_free_port, worker_env
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
+from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import RAY_RESOURCE, detect_device_type, detect_devices_per_node
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -58,25 +59,6 @@ class _WorkerHost:
         result = fn(*args, **kwargs)
         return result if parts is None else split_parts(result, parts)
 
-
-def resolve_refs(value: Any) -> Any:
-    """``value`` with every Ray object reference in it (also inside lists, tuples and dicts) replaced by the
-    object, all fetched with one ``ray.get``."""
-    import ray
-
-    refs: list[Any] = []
-
-    def walk(item: Any, fetched: Iterator[Any] | None) -> Any:
-        if isinstance(item, ray.ObjectRef):
-            return refs.append(item) if fetched is None else next(fetched)
-        if type(item) in (list, tuple):
-            return type(item)(walk(x, fetched) for x in item)
-        if type(item) is dict:
-            return {k: walk(x, fetched) for k, x in item.items()}
-        return item
-
-    walk(value, None)
-    return walk(value, iter(ray.get(refs))) if refs else value
 
 
 def _host_actor() -> Any:
