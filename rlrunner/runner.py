@@ -226,8 +226,9 @@ class Runner:
             active.call("onload")
 
     def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
-        """Each actor rank gets the handles of every rollout shard's training part and the indices of its samples
-        in the shuffled order (rank r: positions ``r * N / ranks ...`` of the permutation), with their advantages."""
+        """Train on the step's samples in a seeded order: rank r gets the r-th of ``ranks`` equal consecutive slices
+        of the permutation, as sample indices with their advantages, plus the handles of every rollout shard's
+        training part (it fetches them itself)."""
         self.hand_device_to("actor")
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
         order = torch.randperm(rollout.num_samples, generator=generator)
