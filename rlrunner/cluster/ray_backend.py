@@ -60,7 +60,6 @@ class _WorkerHost:
         return result if parts is None else split_parts(result, parts)
 
 
-
 def _host_actor() -> Any:
     global _HOST_ACTOR
     if _HOST_ACTOR is None:
