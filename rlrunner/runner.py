@@ -12,6 +12,7 @@ import random
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,18 @@ ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 def _split(items: list, parts: int) -> list[list]:
     size = len(items) // parts
     return [items[i * size:(i + 1) * size] for i in range(parts)]
+
+
+def _shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
+    """Consecutive shares of ``ceil(total / parts)`` samples (the last ones may be shorter or empty) of shards of
+    ``sizes`` samples, each as pieces ``(shard, start, stop)``; an empty share is one empty piece of shard 0."""
+    total = sum(sizes)
+    size, offsets = math.ceil(total / parts), np.cumsum([0, *sizes[:-1]]).tolist()
+    shares = []
+    for lo, hi in ((i * size, min((i + 1) * size, total)) for i in range(parts)):
+        shares.append([(i, max(lo - o, 0), min(hi - o, n)) for i, (o, n) in enumerate(zip(offsets, sizes))
+                       if o < hi and lo < o + n] or [(0, 0, 0)])
+    return shares
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
@@ -106,13 +119,13 @@ class Runner:
         """One global step as a straight line of named, timed phases."""
         timer = StepTimer()
         with timer("step"):
-            batch, reward = self.train_rollout(timer)
+            rollout, reward = self.train_rollout(timer)
             with timer("advantages"):
-                batch.tensors["advantages"] = self.advantages(torch.from_numpy(reward.avg))
+                advantages = self.advantages(torch.from_numpy(reward.avg))
             if self.cfg.runner.rollout_ahead and self.step + 1 < self.max_steps:
                 self.start_rollout_ahead(self.sample_step_prompts(), self.step + 1)
             with timer("train"):
-                actor_metrics = self.update(batch)
+                actor_metrics = self.update(rollout, advantages)
             with timer("rollout_wait"):
                 if self.ahead is not None:  # rollout workers must finish the batch before their weights change
                     self.ahead.future.exception()
@@ -125,9 +138,8 @@ class Runner:
         metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/nft_tau": tau,
                    **timer.metrics()}
         self.run_logger.scalars(metrics, self.step)
-        interval = self.cfg.runner.sample_log_interval
-        if interval > 0 and (self.step % interval == 0 or self.step == 1):
-            self.log_samples("train/samples", batch, reward)
+        if self.logs_samples_at(self.step):
+            self.log_samples("train/samples", rollout.logged, reward)
         return metrics
 
     # ------------------------------------------------------------------ phases
@@ -135,16 +147,16 @@ class Runner:
         epochs = [self.sampler.sample(self.prompts_per_epoch) for _ in range(self.cfg.env.train.rollout_epoch)]
         return [p for epoch in epochs for p in epoch]
 
-    def train_rollout(self, timer: StepTimer) -> tuple[Batch, RewardOutput]:
+    def train_rollout(self, timer: StepTimer) -> tuple[Rollout, RewardOutput]:
         """This step's rollout: the one started during the previous step, or a fresh one."""
         if self.ahead is None:
             return self.rollout_and_score(self.sample_step_prompts(), self.cfg.algorithm.group_size, "train",
                                           timer, self.step)
         ahead, self.ahead = self.ahead, None
-        batch, reward = ahead.future.result()
+        rollout, reward = ahead.future.result()
         for phase in ("rollout", "reward"):  # spent during the previous step's update
             timer.seconds[f"{phase}_ahead"] = ahead.timer.seconds.get(phase, 0.0)
-        return batch, reward
+        return rollout, reward
 
     def start_rollout_ahead(self, prompts: list[str], step: int) -> None:
         timer = StepTimer()
@@ -153,33 +165,47 @@ class Runner:
         self.ahead = RolloutAhead(prompts, step, dict(self.rollout_adapters), future, timer)
 
     def rollout_and_score(self, prompts: list[str], group_size: int, mode: str, timer: StepTimer,
-                          step: int) -> tuple[Batch, RewardOutput]:
-        """Sample ``group_size`` images per prompt and score them; scoring chunk k overlaps rollout of chunk k+1."""
+                          step: int) -> tuple[Rollout, RewardOutput]:
+        """Sample ``group_size`` images per prompt and score them; scoring chunk k overlaps rollout of chunk k+1.
+
+        The rollout shards' parts stay with the workers (Ray's object store): images go to the env workers, the
+        training part to the actor in :meth:`update`; the driver fetches only the samples it logs.
+        """
         self.hand_device_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         chunks = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
             chunks = _split(prompts, 2)
-        batches, tickets = [], []
+        to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
+        train, logged, tickets, start = [], [], [], 0
         for index, chunk in enumerate(chunks):
+            shards = _split(chunk, n_rollout)
+            sizes = [len(shard) * group_size for shard in shards]
+            offsets = np.cumsum([start, *sizes[:-1]])
+            to_log_here = [int(np.clip(to_log - offset, 0, n)) for offset, n in zip(offsets, sizes)]
             with timer("rollout"):
-                shards = self.rollout.scatter("generate", [(p, group_size, step, index, mode)
-                                                           for p in _split(chunk, n_rollout)])
-            batches.append(Batch.cat(shards))
-            tickets.append(self.submit_reward(batches[-1], split))
+                parts = self.rollout.scatter_async(
+                    "generate", [(p, group_size, step, index, mode) for p in shards],
+                    # split where computed: the actor's part, the env workers' part, the samples the driver logs
+                    per_rank_parts=[(attrgetter("train"), attrgetter("scored"), methodcaller("first", k))
+                                    for k in to_log_here])
+                for_actor, for_env, for_logs = (parts.part(i) for i in range(3))
+                logged += for_logs.get()  # waits for the chunk's rollout
+            train += for_actor.handles()
+            tickets.append(self.submit_reward(for_env.handles(), sizes, split))
+            start += sum(sizes)
             if not self.cfg.runner.async_reward:
                 with timer("reward"):
                     tickets[-1] = self.collect_reward(tickets[-1])
         with timer("reward"):
             rewards = [t if isinstance(t, RewardOutput) else self.collect_reward(t) for t in tickets]
-        return Batch.cat(batches), RewardOutput.concat(rewards)
+        return Rollout(train, Batch.cat(logged), start), RewardOutput.concat(rewards)
 
-    def submit_reward(self, batch: Batch, split: str) -> list[int]:
-        """Hand ``batch``'s images to the env workers (an equal share each); returns their tickets."""
-        images, prompts, n_env = batch.tensors["images"], batch.meta["prompts"], self.env.world_size
-        size = math.ceil(len(batch) / n_env)
-        return self.env.scatter("submit", [(images[i * size:(i + 1) * size], prompts[i * size:(i + 1) * size], split)
-                                           for i in range(n_env)])
+    def submit_reward(self, scored: list[Any], sizes: list[int], split: str) -> list[int]:
+        """Hand the env workers an equal share each of one chunk's samples, as pieces ``(handle, start, stop)``
+        of the rollout shards' scored parts (``sizes`` samples each); returns their tickets."""
+        shares = _shares(sizes, self.env.world_size)
+        return self.env.scatter("submit", [([(scored[i], lo, hi) for i, lo, hi in share], split) for share in shares])
 
     def collect_reward(self, tickets: list[int]) -> RewardOutput:
         return RewardOutput.concat(self.env.scatter("collect", [(t,) for t in tickets]))
@@ -202,12 +228,16 @@ class Runner:
             idle.call("offload")
             active.call("onload")
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        """Train on the step's samples in a seeded order: rank r gets the r-th of ``ranks`` equal consecutive slices
+        of the permutation, as sample indices with their advantages, plus the handles of every rollout shard's
+        training part (it fetches them itself)."""
         self.hand_device_to("actor")
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
-        train = Batch({k: v for k, v in batch.tensors.items() if k != "images"}, {})
-        train = train.select(torch.randperm(len(train), generator=generator))
-        metrics = _mean_dicts(self.actor.scatter("update", [(shard, self.step) for shard in train.chunk(self.actor.world_size)]))
+        order = torch.randperm(rollout.num_samples, generator=generator)
+        shards = order.reshape(self.actor.world_size, -1)
+        metrics = _mean_dicts(self.actor.scatter("update", [(rollout.train, index, advantages[index], self.step)
+                                                            for index in shards]))
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
         if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
             raise RuntimeError(f"{self.nonfinite_in_a_row} steps in a row had a NaN/inf loss or gradient (optimizer "
@@ -224,12 +254,12 @@ class Runner:
         timer = StepTimer()
         with timer("eval"):
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
-            batch, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
+            rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
         self.run_logger.scalars(metrics, self.step)
-        self.log_samples("eval/samples", batch, reward)
-        tqdm.write(f"[step {self.step}] eval reward {metrics['eval/avg']:.4f} over {len(batch)} held-out prompts",
-                   file=sys.stderr)
+        self.log_samples("eval/samples", rollout.logged, reward)
+        tqdm.write(f"[step {self.step}] eval reward {metrics['eval/avg']:.4f} over {rollout.num_samples} held-out "
+                   f"prompts", file=sys.stderr)
         return metrics
 
     # ------------------------------------------------------------------ logging
@@ -239,11 +269,17 @@ class Runner:
         metrics.update({f"{prefix}/{name}": float(values.mean()) for name, values in reward.parts.items()})
         return metrics
 
-    def log_samples(self, tag: str, batch: Batch, reward: RewardOutput) -> None:
-        n = min(self.cfg.runner.num_logged_samples, len(batch))
-        images = batch.tensors["images"][:n].numpy()
-        per_sample = reward.avg.reshape(len(batch), -1).mean(axis=1)
-        self.run_logger.samples(tag, images, batch.meta["prompts"][:n], per_sample[:n], self.step)
+    def logs_samples_at(self, step: int) -> bool:
+        """Whether the training samples of global step ``step`` (counted from 1) are written to the logs."""
+        interval = self.cfg.runner.sample_log_interval
+        return interval > 0 and (step % interval == 0 or step == 1)
+
+    def log_samples(self, tag: str, logged: Batch, reward: RewardOutput) -> None:
+        """Write the ``logged`` samples (the first of the rollout) with their rewards (``reward``: all samples)."""
+        n = len(logged)
+        images = logged.tensors["images"].numpy()
+        per_sample = reward.avg.reshape(len(reward.avg), -1).mean(axis=1)
+        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step)
         if images.ndim == 5:
             video_cfg = self.cfg.env.train.video_cfg
             out_dir = None
@@ -291,6 +327,15 @@ class Runner:
         self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.env.call("close")
         self.run_logger.close()
+
+
+@dataclass
+class Rollout:
+    """A rollout as the driver holds it: handles, never the tensors, except the few samples it logs."""
+
+    train: list[Any]  # handles of every shard's RolloutOutput.train, in sample order (Ray: object references)
+    logged: Batch  # images and prompts of the first runner.num_logged_samples samples (none when not logging)
+    num_samples: int
 
 
 @dataclass

@@ -7,7 +7,14 @@ the groups; workers are plain classes and never call each other::
                                 detect_devices_per_node(cfg.cluster))      # validate before anything starts
     with create_cluster(cfg.cluster, placement) as cluster:
         actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor)
-        losses = actor.call("update", batch)                               # one result per rank
+        adapters = actor.call("lora_weights")                              # one result per rank
+
+Data goes from worker to worker without the driver: a call's result (or a part of it, ``per_rank_parts``) stays
+where it was computed, and its ``handles()`` passed as arguments of another group's call reach that group's
+workers as values (Ray: object references fetched by the receiving process; in-process: the objects)::
+
+    pending = rollout.scatter_async("generate", args, per_rank_parts=[(attrgetter("train"), attrgetter("scored"))] * n)
+    env.scatter("submit", [(handle,) for handle in pending.part(1).handles()])
 """
 
 from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation

@@ -8,7 +8,7 @@ plain Python class whose public methods are its whole remote surface; its constr
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,11 @@ class WorkerLocation:
     device: str
 
 
+def split_parts(result: Any, parts: Sequence[Callable[[Any], Any]]) -> tuple:
+    """``result`` split into ``tuple(part(result) for part in parts)`` (see :meth:`WorkerGroup.scatter_async`)."""
+    return tuple(part(result) for part in parts)
+
+
 class PendingCall(abc.ABC):
     """The results of a call that is (or will be) running on every rank of a group."""
 
@@ -80,6 +85,19 @@ class PendingCall(abc.ABC):
     @abc.abstractmethod
     def done(self) -> bool:
         """True when every rank has answered (``get`` would not block)."""
+
+    @abc.abstractmethod
+    def part(self, index: int) -> PendingCall:
+        """Part ``index`` of every rank's result, of a call made with ``per_rank_parts``."""
+
+    @abc.abstractmethod
+    def handles(self) -> list[Any]:
+        """One handle per rank to its result, without bringing the result to the driver.
+
+        Pass handles as arguments of another group's call (also inside lists, tuples and dicts): the worker
+        receives the values, fetched by its own process. The driver never holds the data (Ray: object
+        references into Ray's object store; in-process: the values themselves).
+        """
 
 
 class WorkerGroup(abc.ABC):
@@ -126,9 +144,16 @@ class WorkerGroup(abc.ABC):
 
     @abc.abstractmethod
     def scatter_async(
-        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None, *,
+        per_rank_parts: Sequence[Sequence[Callable[[Any], Any]]] | None = None,
     ) -> PendingCall:
-        """Start ``method`` on every rank with per-rank arguments; ``.get()`` waits for the results."""
+        """Start ``method`` on every rank with per-rank arguments; ``.get()`` waits for the results.
+
+        ``per_rank_parts[i]``: functions (picklable) that split rank i's result, where it was computed, into
+        parts kept apart (the same number for every rank): ``.part(j)`` is part j of every rank, fetched
+        (``get``) or passed on to another group (``handles``) without the other parts; ``.get()`` gives each
+        rank's tuple of parts.
+        """
 
     @abc.abstractmethod
     def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
@@ -143,11 +168,17 @@ class WorkerGroup(abc.ABC):
             raise ValueError(f"{self.role} has ranks 0..{self.world_size - 1}, got rank {rank}")
 
     def _per_rank(
-        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None,
+        per_rank_parts: Sequence[Sequence[Callable]] | None = None,
     ) -> list[tuple[tuple, dict]]:
-        """Validate scatter arguments: one tuple of args (and optionally one dict of kwargs) per rank."""
+        """Validate scatter arguments: one tuple of args (and optionally one dict of kwargs, one list of at least
+        two part functions, the same number for every rank) per rank."""
         kwargs_list = list(per_rank_kwargs) if per_rank_kwargs is not None else [{}] * self.world_size
-        for name, items in (("per_rank_args", per_rank_args), ("per_rank_kwargs", kwargs_list)):
+        if per_rank_parts is not None and (len({len(p) for p in per_rank_parts}) != 1 or len(per_rank_parts[0]) < 2):
+            raise ValueError(f"{self.role}.{method}: per_rank_parts must give every rank the same number (>= 2) "
+                             f"of part functions, got {[len(p) for p in per_rank_parts]}")
+        checked = [("per_rank_args", per_rank_args), ("per_rank_kwargs", kwargs_list)]
+        for name, items in checked + ([("per_rank_parts", per_rank_parts)] if per_rank_parts is not None else []):
             if len(items) != self.world_size:
                 raise ValueError(
                     f"{self.role}.{method}: {name} has {len(items)} entries for {self.world_size} ranks; "

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation, last_line
+from rlrunner.cluster.base import (
+    Cluster,
+    PendingCall,
+    WorkerError,
+    WorkerGroup,
+    WorkerLocation,
+    last_line,
+    split_parts,
+)
 from rlrunner.cluster.distributed import IN_PROCESS_ENV, find_free_port, worker_env
 from rlrunner.cluster.placement import Placement, parse_placement
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
@@ -40,6 +48,12 @@ class LocalPendingCall(PendingCall):
     def done(self) -> bool:
         return True
 
+    def part(self, index: int) -> PendingCall:
+        return LocalPendingCall([r[index] for r in self._results], self._error)
+
+    def handles(self) -> list[Any]:
+        return self.get()  # in-process, a handle is the value itself
+
 
 class LocalWorkerGroup(WorkerGroup):
     """Workers of one role living in the driver's process."""
@@ -55,10 +69,11 @@ class LocalWorkerGroup(WorkerGroup):
         return self._run(method, [(rank, args, kwargs) for rank in range(self.world_size)])
 
     def scatter_async(
-        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None, *,
+        per_rank_parts: Sequence[Sequence[Callable[[Any], Any]]] | None = None,
     ) -> PendingCall:
-        per_rank = self._per_rank(method, per_rank_args, per_rank_kwargs)
-        return self._run(method, [(rank, a, k) for rank, (a, k) in enumerate(per_rank)])
+        per_rank = self._per_rank(method, per_rank_args, per_rank_kwargs, per_rank_parts)
+        return self._run(method, [(rank, a, k) for rank, (a, k) in enumerate(per_rank)], per_rank_parts)
 
     def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
         self._check_rank(rank)
@@ -68,7 +83,7 @@ class LocalWorkerGroup(WorkerGroup):
         self.workers = []
         self._cluster._forget(self)
 
-    def _run(self, method: str, calls: list[tuple[int, tuple, dict]]) -> PendingCall:
+    def _run(self, method: str, calls: list[tuple[int, tuple, dict]], parts: Sequence | None = None) -> PendingCall:
         if not self.workers:
             raise RuntimeError(f"the {self.role} group is shut down")
         results = []
@@ -77,7 +92,8 @@ class LocalWorkerGroup(WorkerGroup):
             if fn is None or not callable(fn) or method.startswith("_"):
                 raise AttributeError(f"{type(self.workers[rank]).__name__} has no public method {method!r}")
             try:
-                results.append(fn(*args, **kwargs))
+                result = fn(*args, **kwargs)
+                results.append(result if parts is None else split_parts(result, parts[rank]))
             except Exception as exc:  # noqa: BLE001  (reported as WorkerError, like the Ray backend)
                 text = traceback.format_exc()
                 error = WorkerError(self.role, rank, LOCAL_IP, f"raised in {method!r}: {last_line(text)}", text)

@@ -19,13 +19,22 @@ import math
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation, last_line
+from rlrunner.cluster.base import (
+    Cluster,
+    PendingCall,
+    WorkerError,
+    WorkerGroup,
+    WorkerLocation,
+    last_line,
+    split_parts,
+)
 from rlrunner.cluster.distributed import find_free_port, worker_env
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RAY_RESOURCE, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
+from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -58,13 +67,19 @@ class _WorkerHost:
         os.environ.update(env)
         self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
 
-    def execute(self, method: str, payload: tuple[tuple, dict]) -> Any:
-        """Call ``worker.method(*args, **kwargs)``; only public methods are reachable."""
+    def execute(self, method: str, payload: tuple[tuple, dict], parts: Sequence[Callable] | None = None) -> Any:
+        """Call ``worker.method(*args, **kwargs)``; only public methods are reachable.
+
+        Object references inside the arguments (handles of another group's results) are fetched here, by this
+        process, so the worker receives values and the data never pass through the driver. With ``parts`` the
+        result is split here into separate return objects (the call was made with ``num_returns=len(parts)``).
+        """
         fn = getattr(self.worker, method, None)
         if method.startswith("_") or not callable(fn):
             raise AttributeError(f"{type(self.worker).__name__} has no public method {method!r}")
-        args, kwargs = payload
-        return fn(*args, **kwargs)
+        args, kwargs = resolve_refs(payload)
+        result = fn(*args, **kwargs)
+        return result if parts is None else split_parts(result, parts)
 
 
 def _host_actor() -> Any:
@@ -77,23 +92,32 @@ def _host_actor() -> Any:
 
 
 class RayPendingCall(PendingCall):
-    """Object refs of a call in flight, one per called rank."""
+    """Object refs of a call in flight, one per called rank (a list of ``num_returns`` refs per rank when > 1)."""
 
-    def __init__(self, group: RayWorkerGroup, method: str, refs: list[tuple[int, Any]]) -> None:
-        self._group, self._method, self._refs = group, method, refs
+    def __init__(self, group: RayWorkerGroup, method: str, refs: list[tuple[int, Any]], num_returns: int = 1):
+        self._group, self._method, self._refs, self._num_returns = group, method, refs, num_returns
         self._results: list[Any] | None = None
 
     def get(self, timeout_s: float | None = None) -> list[Any]:
-        if self._results is None:
+        if self._results is None and self._num_returns > 1:
+            parts = [self.part(i).get(timeout_s) for i in range(self._num_returns)]
+            self._results = [tuple(values) for values in zip(*parts)]
+        elif self._results is None:
             self._results = self._group._gather(self._method, self._refs, timeout_s)
         return list(self._results)
 
     def done(self) -> bool:
         import ray
 
-        refs = [ref for _, ref in self._refs]
+        refs = [ref for _, r in self._refs for ref in (r if self._num_returns > 1 else [r])]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return len(ready) == len(refs)
+
+    def part(self, index: int) -> PendingCall:
+        return RayPendingCall(self._group, self._method, [(rank, r[index]) for rank, r in self._refs])
+
+    def handles(self) -> list[Any]:
+        return [r for _, r in self._refs]
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -111,10 +135,11 @@ class RayWorkerGroup(WorkerGroup):
         return self._submit(method, [(rank, payload) for rank in range(self.world_size)])
 
     def scatter_async(
-        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None
+        self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None, *,
+        per_rank_parts: Sequence[Sequence[Callable[[Any], Any]]] | None = None,
     ) -> PendingCall:
-        per_rank = self._per_rank(method, per_rank_args, per_rank_kwargs)
-        return self._submit(method, list(enumerate(per_rank)))
+        per_rank = self._per_rank(method, per_rank_args, per_rank_kwargs, per_rank_parts)
+        return self._submit(method, list(enumerate(per_rank)), per_rank_parts)
 
     def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
         self._check_rank(rank)
@@ -129,11 +154,16 @@ class RayWorkerGroup(WorkerGroup):
         self._hosts = []
         self._cluster._forget(self)
 
-    def _submit(self, method: str, per_rank: list[tuple[int, Any]]) -> PendingCall:
+    def _submit(self, method: str, per_rank: list[tuple[int, Any]], parts: Sequence | None = None) -> PendingCall:
         if not self._hosts:
             raise RuntimeError(f"the {self.role} group is shut down")
-        refs = [(rank, self._hosts[rank].execute.remote(method, payload)) for rank, payload in per_rank]
-        return RayPendingCall(self, method, refs)
+        if parts is None:
+            refs = [(rank, self._hosts[rank].execute.remote(method, payload)) for rank, payload in per_rank]
+            return RayPendingCall(self, method, refs)
+        refs = [(rank, self._hosts[rank].execute.options(num_returns=len(parts[rank])).remote(method, payload,
+                                                                                             parts[rank]))
+                for rank, payload in per_rank]
+        return RayPendingCall(self, method, refs, len(parts[0]))
 
     def _gather(self, method: str, refs: list[tuple[int, Any]], timeout_s: float | None) -> list[Any]:
         return gather(self.role, self.node_ips, method, refs, timeout_s or self._cluster.worker_timeout_s)
@@ -245,7 +275,8 @@ class RayCluster(Cluster):
             return placement, f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
         need_cpus = self.cpus_per_worker * sum(len(placement.components_on(d)) for d in placement.used_devices)
         num_cpus = max(os.cpu_count() or 1, math.ceil(need_cpus) + 1)  # +1: room for plain tasks
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        # address='local': always a new instance, never a Ray that someone else started on this machine
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
         self._started_ray = True
         return placement, "the one-node Ray started on this machine (set cluster.ray_address to join a cluster)"
 

@@ -215,6 +215,9 @@ class ActorConfig:
     seed: int = 42
     # data-parallel engine of the actor ranks: ddp (one replica per rank) | fsdp2 (base weights sharded per block)
     strategy: str = "ddp"
+    # the actor workers hold only what they train (denoiser + LoRA adapters + optimizer state): text encoders and
+    # VAE are freed when they start, since no actor feature needs them (they train on the rollout's latents and
+    # its text conditioning, sent once per prompt); the rollout workers keep them
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 

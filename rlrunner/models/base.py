@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import gc
 import json
 import warnings
 from collections.abc import Iterator
@@ -322,16 +323,17 @@ class FlowModel(abc.ABC):
             _empty_cache(self.device)
 
     def release_text_encoders(self) -> None:
-        """Free the text encoders (workers that only receive precomputed conditioning)."""
+        """Free the text encoders (workers that only receive precomputed conditioning): drop every reference,
+        collect them, and return their device memory to the device."""
         self.text_encoders.clear()
         self._drop_pipeline_components("text_encoder")
-        _empty_cache(self.device)
+        _collect(self.device)
 
     def release_vae(self) -> None:
-        """Free the VAE (workers that never decode)."""
+        """Free the VAE (workers that never decode), as :meth:`release_text_encoders` frees the text encoders."""
         self.vae = None
         self._drop_pipeline_components("vae")
-        _empty_cache(self.device)
+        _collect(self.device)
 
     def _drop_pipeline_components(self, prefix: str) -> None:
         pipe = getattr(self, "pipe", None)
@@ -475,6 +477,12 @@ class FlowModel(abc.ABC):
                              f"{ours['lora_alpha']}; make them match")
         for adapter in adapters:
             self.load_lora_state_dict(adapter, state)
+
+
+def _collect(device: torch.device) -> None:
+    """Collect modules just dropped (reference cycles included) and hand their cached device memory back."""
+    gc.collect()
+    _empty_cache(device)
 
 
 def _empty_cache(device: torch.device) -> None:

@@ -44,8 +44,8 @@ class TinyFlowModel(FlowModel):
     """The tiny family behind :class:`FlowModel` (see the module docstring).
 
     Build with :meth:`load`. ``self.transformer`` is the UNet (the base class's name for the denoiser),
-    ``self.text_encoder`` the frozen character encoder, ``self.alphabet`` the characters it was trained on
-    (pass it as the OCR reward's ``alphabet`` filter).
+    ``self.text_encoders["text_encoder"]`` the frozen character encoder, ``self.alphabet`` the characters it was
+    trained on (pass it as the OCR reward's ``alphabet`` filter).
     """
 
     model_type = "tiny"
@@ -57,7 +57,7 @@ class TinyFlowModel(FlowModel):
                  *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
         self.transformer = unet.to(device)
-        self.text_encoder = text_encoder.to(device).eval().requires_grad_(False)
+        self.text_encoders = {"text_encoder": text_encoder.to(device).eval().requires_grad_(False)}
         self.index = index
         self.alphabet: str = str(index.get("alphabet", text_encoder.config.alphabet))
         self._resolution = _resolution(index["resolution"])
@@ -117,7 +117,9 @@ class TinyFlowModel(FlowModel):
         """``{"text_emb": [B, L, D]}`` in the model dtype: slot embeddings of each prompt's quoted text."""
         if isinstance(prompts, str):
             raise TypeError("encode_prompts takes a list of prompts, got a single string")
-        return {"text_emb": self.text_encoder.encode(list(prompts)).to(self.device, self.dtype)}
+        with self.text_encoders_on_device():
+            emb = self.text_encoders["text_encoder"].encode(list(prompts))
+        return {"text_emb": emb.to(self.device, self.dtype)}
 
     def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
         """latents ``[B, 1, H, W]``, t ``[B]`` sigmas in [0, 1] -> velocity ``[B, 1, H, W]``."""

@@ -17,7 +17,8 @@ from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
 
 def _cond(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    return {k.removeprefix("cond."): v.to(device) for k, v in batch.tensors.items() if k.startswith("cond.")}
+    """The conditioning of ``batch``'s samples, ``[B, ...]``: its prompts' rows sent to ``device``, expanded there."""
+    return {k.removeprefix("cond."): v for k, v in batch.per_sample(device).items() if k.startswith("cond.")}
 
 
 class ActorWorker:
@@ -36,7 +37,9 @@ class ActorWorker:
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
         self.model = build_model(actor_cfg.model)
-        self.model.release_vae()  # the actor trains on latents and never decodes
+        # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes
+        self.model.release_text_encoders()
+        self.model.release_vae()
         self.distributed = init_distributed(rank, world_size, self.model.device.type)
         self.params = self.model.trainable_parameters()
         optim = actor_cfg.optim
@@ -49,8 +52,12 @@ class ActorWorker:
         self.optimizer_steps = 0
 
     # ------------------------------------------------------------------ training
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
-        """Train on this rank's samples (tensors ``x0``, ``advantages`` ``[N]`` or ``[N, K]``, ``cond.*``)."""
+    def update(self, rollout: list[Batch], index: torch.Tensor, advantages: torch.Tensor,
+               step: int) -> dict[str, float]:
+        """Train on this rank's samples: rows ``index`` (int64 ``[n]``, in training order) of the rollout's
+        ``train`` parts joined in order (``x0``, per-prompt ``cond.*``), with ``advantages`` ``[n]`` or ``[n, K]``."""
+        batch = Batch.cat(rollout).select(index)
+        batch.tensors["advantages"] = advantages
         local_batch = self.cfg.global_batch_size // self.world_size
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)

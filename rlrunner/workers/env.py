@@ -7,8 +7,8 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
-import torch
 
+from rlrunner.batch import Batch
 from rlrunner.rewards import AsyncRewardScorer, RewardOutput, build_reward
 
 SPLITS = ("train", "eval")
@@ -30,10 +30,13 @@ class EnvWorker:
         self._pending: dict[int, Future] = {}
         self._tickets = itertools.count()
 
-    def submit(self, images: torch.Tensor, prompts: list[str], split: str = "train") -> int:
-        """Start scoring uint8 ``images`` ``[B, H, W, 3]`` (or frames ``[B, F, H, W, 3]``); returns a ticket."""
+    def submit(self, pieces: list[tuple[Batch, int, int]], split: str = "train") -> int:
+        """Start scoring samples ``start:stop`` of each rollout part ``(part, start, stop)``, joined in order;
+        returns a ticket. A part holds uint8 ``images`` ``[B, H, W, 3]`` (or frames ``[B, F, H, W, 3]``) and meta
+        ``prompts`` (:attr:`RolloutOutput.scored <rlrunner.workers.rollout.RolloutOutput>`)."""
+        batch = Batch.cat([part.select(slice(start, stop)) for part, start, stop in pieces])
         ticket = next(self._tickets)
-        self._pending[ticket] = self.scorers[split].submit(np.asarray(images), prompts)
+        self._pending[ticket] = self.scorers[split].submit(np.asarray(batch.tensors["images"]), batch.meta["prompts"])
         return ticket
 
     def collect(self, ticket: int) -> RewardOutput:

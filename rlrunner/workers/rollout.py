@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -10,6 +10,24 @@ import torch
 from rlrunner.batch import Batch
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.utils.seeding import derive_seed
+
+
+class RolloutOutput(NamedTuple):
+    """A rollout shard in the parts that go to different places (the driver keeps them apart with the
+    cluster's ``per_rank_parts``, so that the actor never receives pixels and the driver only what it logs).
+
+    ``train``: tensor ``x0`` ``[N, *latent_shape]`` (float32), per-prompt conditioning ``cond.<name>``
+    ``[P, ...]`` and ``prompt_index`` ``[N]``: what the actor trains on. ``scored``: tensor ``images`` uint8
+    ``[N, H, W, 3]`` (or frames ``[N, F, H, W, 3]``) and meta ``prompts``: what the env workers score.
+    """
+
+    train: Batch
+    scored: Batch
+
+    def first(self, n: int) -> Batch:
+        """The first ``n`` scored samples, copied: a pickled view would carry every image of its storage."""
+        return Batch({k: v[:n].clone() for k, v in self.scored.tensors.items()},
+                     {k: v[:n] for k, v in self.scored.meta.items()})
 
 
 class RolloutWorker:
@@ -26,31 +44,32 @@ class RolloutWorker:
         self.seed, self.rank = seed, rank
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], group_size: int, step: int, chunk: int, mode: str = "train") -> Batch:
-        """Sample ``group_size`` images for each of ``prompts`` (groups contiguous).
+    def generate(self, prompts: list[str], group_size: int, step: int, chunk: int,
+                 mode: str = "train") -> RolloutOutput:
+        """Sample ``group_size`` images for each of ``prompts`` (distinct groups, samples of a group contiguous).
 
-        Returns a Batch with tensors ``x0`` ``[N, *latent_shape]``, the conditioning tensors (``cond.<name>``,
-        ``[N, ...]``), ``images`` uint8 ``[N, H, W, 3]`` (or ``[N, F, H, W, 3]``), and meta ``prompts``;
-        ``N = len(prompts) * group_size``. Noise is seeded from (seed, mode, rank, step, chunk), so any rollout
-        can be replayed.
+        Returns the parts of :class:`RolloutOutput` (``N = len(prompts) * group_size`` samples); the text
+        conditioning is sent once per prompt. Noise is seeded from (seed, mode, rank, step, chunk), so any
+        rollout can be replayed.
         """
         train = mode == "train"
         cfg = self.family_cfg
         guidance = cfg.guidance_scale if train else cfg.eval_guidance_scale
-        # text encoders run once per prompt; the embeddings are repeated for the group
-        cond = self.model.repeat_cond(self.model.encode_prompts(prompts), group_size)
+        cond = self.model.encode_prompts(prompts)  # text encoders run once per prompt
         n = len(prompts) * group_size
         generator = torch.Generator().manual_seed(derive_seed(self.seed, f"rollout-{mode}", self.rank, step, chunk))
         noise = torch.randn((n, *self.model.latent_shape), generator=generator).to(self.model.device)
         x0 = self.model.sample(
-            cond, noise, sampler=cfg.train_sampler if train else cfg.eval_sampler,
+            self.model.repeat_cond(cond, group_size), noise, sampler=cfg.train_sampler if train else cfg.eval_sampler,
             num_steps=cfg.num_steps if train else cfg.eval_num_steps, guidance_scale=guidance,
             adapter=EMA_ADAPTER if train else TRAINED_ADAPTER,
         )
-        images = self.model.decode(x0)
-        tensors = {"x0": x0.float().cpu(), "images": torch.from_numpy(np.ascontiguousarray(images))}
-        tensors.update({f"cond.{k}": v.cpu() for k, v in cond.items()})
-        return Batch(tensors, {"prompts": [p for p in prompts for _ in range(group_size)]})
+        images = torch.from_numpy(np.ascontiguousarray(self.model.decode(x0)))
+        prompt_index = torch.arange(len(prompts)).repeat_interleave(group_size)
+        return RolloutOutput(
+            train=Batch({"x0": x0.float().cpu()}, {}, {f"cond.{k}": v.cpu() for k, v in cond.items()}, prompt_index),
+            scored=Batch({"images": images}, {"prompts": [p for p in prompts for _ in range(group_size)]}),
+        )
 
     def offload(self) -> None:
         """Free the device for a collocated actor (``cluster.enable_offload``)."""

@@ -50,6 +50,13 @@ class Counter:
         time.sleep(seconds)
         return seconds
 
+    def tensors(self, n: int) -> dict[str, torch.Tensor]:
+        """A large and a small result, for calls that keep the parts of a result apart."""
+        return {"large": torch.full((n,), float(self.rank + 1)), "small": torch.tensor(self.rank)}
+
+    def sum_of(self, tensors: list[torch.Tensor]) -> float:
+        return float(sum(t.sum() for t in tensors))
+
 
 class DataParallel:
     """Joins a gloo group in its constructor and averages a tensor across ranks (gradient averaging)."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from operator import itemgetter
 from types import SimpleNamespace
 
 import pytest
+import torch
 from cluster_toys import BrokenInit, Counter, DataParallel
 
 from rlrunner.cluster import (
@@ -54,6 +56,16 @@ def test_create_cluster_accepts_a_parsed_placement():
         create_cluster(cluster_cfg(component_placement={"actor": "0-1", "rollout": 1, "env": 1}))
     with create_cluster(cluster_cfg(component_placement={"bogus": 1}), placement) as c:
         assert c.placement is placement
+
+
+def test_result_parts_are_handed_on_as_the_values_themselves(cluster):
+    group = cluster.spawn("rollout", Counter, (0, 1))
+    parts = [(itemgetter("large"), itemgetter("small"))] * 2
+    pending = group.scatter_async("tensors", [(3,), (3,)], per_rank_parts=parts)
+    assert [int(t) for t in pending.part(1).get()] == [0, 1]
+    large = pending.part(0).handles()
+    assert torch.equal(large[1], torch.full((3,), 2.0))  # in-process, a handle is the value itself
+    assert group.scatter("sum_of", [(large,), ([large[1]],)]) == [9.0, 6.0]
 
 
 def test_spawn_passes_args_rank_and_world_size(cluster):

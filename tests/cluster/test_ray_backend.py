@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+from operator import itemgetter
 from types import SimpleNamespace
 
 import cluster_toys
@@ -134,6 +135,19 @@ def test_slow_call_times_out_with_a_worker_error(counters):
     with pytest.raises(WorkerError, match=r"did not finish 'sleep' within 0.5 s .* ranks still running: \[0, 1\]"):
         counters.call_async("sleep", 2.0).get(timeout_s=0.5)
     assert time.monotonic() - start < 5
+
+
+def test_result_parts_stay_with_the_workers_and_reach_other_calls_by_reference(counters):
+    pending = counters.scatter_async("tensors", [(1000,), (1000,)],
+                                     per_rank_parts=[(itemgetter("large"), itemgetter("small"))] * 2)
+    assert [int(t) for t in pending.part(1).get()] == [0, 1]  # the driver fetches the small parts only
+    large = pending.part(0).handles()
+    assert all(isinstance(h, ray.ObjectRef) for h in large)
+    # rank 0 receives both ranks' large parts (1000 x 1.0 and 1000 x 2.0), rank 1 its own; nested in a list
+    assert counters.scatter("sum_of", [(large,), ([large[1]],)]) == [3000.0, 2000.0]
+    assert [part[1].item() for part in pending.get()] == [0, 1]  # get() gives each rank's tuple of parts
+    with pytest.raises(ValueError, match=r"per_rank_parts must give every rank the same number \(>= 2\)"):
+        counters.scatter_async("tensors", [(1,), (1,)], per_rank_parts=[(itemgetter("large"),)] * 2)
 
 
 def test_constructor_exception_frees_its_slot(cluster):

@@ -196,3 +196,19 @@ def load_tiny(tiny_dirs) -> Callable[..., Any]:
         return model_class(model_type).load(str(path), cfg, device=torch.device("cpu"), dtype=dtype)
 
     return load
+
+
+@pytest.fixture
+def tiny_model_cfg(tiny_dirs) -> Callable[[str], Any]:
+    """``tiny_model_cfg(model_type)``: ``actor.model`` (fp32, CPU) on the family's tiny folder, as workers take it."""
+    from omegaconf import OmegaConf
+
+    from rlrunner.config.schema import ModelConfig
+
+    def make(model_type: str) -> Any:
+        cfg = OmegaConf.structured(ModelConfig(model_path=str(tiny_dirs(model_type)), model_type=model_type,
+                                               precision="fp32", device="cpu"))
+        cfg[model_type] = tiny_family_cfg(model_type)
+        return cfg
+
+    return make
