@@ -15,6 +15,7 @@ from pathlib import Path
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml
 
 EXIT_USER_ERROR = 2
+EXIT_REWARD_UNAVAILABLE = 3
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 0
     from rlrunner.checkpoint import CheckpointError
+    from rlrunner.cluster import WorkerError
+    from rlrunner.rewards import RewardUnavailable
     from rlrunner.runner import run
 
     try:
@@ -87,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, CheckpointError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except (RewardUnavailable, WorkerError) as err:  # a reward service down: say so in one line, no traceback
+        if isinstance(err, WorkerError) and RewardUnavailable.__name__ not in err.what:
+            raise
+        print(f"rlrunner: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return EXIT_REWARD_UNAVAILABLE
     except KeyboardInterrupt:
         print("rlrunner: interrupted; workers stopped (last complete checkpoint is kept)", file=sys.stderr)
         return 130

@@ -1,6 +1,6 @@
 """The reward server's HTTP application (aiohttp): ``/score``, ``/health`` and an OpenAI-style OCR "model".
 
-    GET  /health                 {"status": "ok", "reward": name, "max_images": ..., ...}
+    GET  /health                 {"status": "ok", "reward": name, "images_scored": n, "max_images": ..., ...}
     POST /score                  wire.py's format: scores with the served reward
     GET  /v1/models              the one model name this server answers to
     POST /v1/chat/completions    reads the text in the message's images with the served OCR reward's engine
@@ -93,19 +93,22 @@ class RewardService:
     def __init__(self, reward: Reward, limits: Limits, workers: int, served_model: str) -> None:
         self.reward, self.limits, self.served_model = reward, limits, served_model
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
+        self.images_scored = 0  # reported by /health: lets an operator (and the tests) see what was scored
 
     async def close(self, _app: web.Application) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "reward": self.reward.spec.model, "engine": self.reward.spec.engine,
-                                  "max_images": self.limits.max_images,
-                                  "max_request_bytes": self.limits.max_request_bytes})
+                                  "max_images": self.limits.max_images, "max_request_bytes": self.limits.max_request_bytes,
+                                  "images_scored": self.images_scored})
 
     async def score(self, request: web.Request) -> web.Response:
         body = await _read_json(request)
         prompts, images = _score_request(body, self.limits.max_images)
-        return web.json_response(await self._run(self._score, prompts, images))
+        answer = await self._run(self._score, prompts, images)
+        self.images_scored += sum(len(e) if isinstance(e, list) else 1 for e in images)
+        return web.json_response(answer)
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model",
