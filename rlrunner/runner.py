@@ -88,17 +88,19 @@ class Runner:
             self.evaluate()
         progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
                         file=sys.stderr)
-        while self.step < self.max_steps:
-            metrics = self.train_step()
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['env/avg']:.3f}", loss=f"{metrics['train/actor/nft_loss']:.4f}",
-                                 step_s=f"{metrics['time/step']:.1f}")
-            last = self.step == self.max_steps
-            if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
-                self.evaluate()
-            if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
-                self.save()
-        progress.close()
+        try:  # closed also when a step raises, so that the error message starts on a line of its own
+            while self.step < self.max_steps:
+                metrics = self.train_step()
+                progress.update(1)
+                progress.set_postfix(reward=f"{metrics['env/avg']:.3f}",
+                                     loss=f"{metrics['train/actor/nft_loss']:.4f}", step_s=f"{metrics['time/step']:.1f}")
+                last = self.step == self.max_steps
+                if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
+                    self.evaluate()
+                if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
+                    self.save()
+        finally:
+            progress.close()
 
     def train_step(self) -> dict[str, float]:
         """One global step as a straight line of named, timed phases."""

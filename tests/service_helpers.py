@@ -24,7 +24,7 @@ import requests
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 120.0  # the server imports the OCR engine first; the machine may be busy
 
 
