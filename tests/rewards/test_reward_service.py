@@ -4,6 +4,7 @@ faults (server down, 401, 413, 400, 500, malformed answers, timeouts) against re
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -64,7 +65,8 @@ def assert_same(out: RewardOutput, expected: RewardOutput) -> None:
 def test_remote_and_vlm_ocr_score_exactly_like_the_local_ocr_reward(server, images):
     expected = build_reward({"model": "ocr", **OCR})(images, PROMPTS)
     assert expected.avg[:2].tolist() == [1.0, 1.0] and expected.avg[2] == 0.75 and expected.errors == 2
-    for reward in (remote(server, batch_size=2), vlm(server)):  # batch_size 2: three requests in flight
+    # batch_size 2: three requests in flight; a pickled client (as Ray ships it) works as well
+    for reward in (remote(server, batch_size=2), pickle.loads(pickle.dumps(vlm(server)))):
         out = reward(images, PROMPTS)
         assert_same(out, expected)
         np.testing.assert_array_equal(out.parts[reward.name], expected.avg)
