@@ -16,6 +16,12 @@ import argparse
 import dataclasses
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rlrunner.rewards import Reward
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 EXIT_USER_ERROR = 2
@@ -66,6 +72,18 @@ def reward_config(args: argparse.Namespace) -> dict:
     return cfg
 
 
+def check_scores_images(reward: Reward) -> None:
+    """The server scores videos frame by frame, so it needs a reward of images ``[B, H, W, 3]`` -> ``[B]``."""
+    try:
+        out = reward(np.zeros((1, 8, 8, 3), dtype=np.uint8), ["probe"])  # blank: no engine call
+    except ValueError as err:
+        out, detail = None, str(err)
+    if out is None or out.avg.shape != (1,):
+        detail = detail if out is None else f"it returned scores shaped {out.avg.shape}"
+        raise ValueError(f"--reward {reward.spec.model} does not score images ({detail}); serve an image reward such "
+                         f"as ocr: clients send videos as frames and chunk the frame scores themselves")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -81,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         from rlrunner.rewards import build_reward
 
         reward = build_reward(reward_config(args))
+        check_scores_images(reward)
     except (ValueError, ImportError, OSError) as err:
         print(f"serve_reward: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

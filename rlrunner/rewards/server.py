@@ -173,6 +173,7 @@ class RewardService:
         texts = []
         for i, text in enumerate(images):
             image = _decode(text, f"image_url {i}", self.limits.max_pixels)
+            # the prompt only feeds the score, which a reader does not need; any non-empty target will do
             _, read, _ = self.reward.score_images(image[None], ["text"], [None])  # type: ignore[attr-defined]
             texts.append(read[0])
         return "\n".join(texts)

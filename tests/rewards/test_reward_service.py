@@ -127,9 +127,13 @@ def test_oversized_and_malformed_requests_get_413_and_400_naming_the_problem(ser
     assert answer.status_code == 400 and "fetches nothing" in answer.json()["error"]
 
 
-def test_a_server_off_loopback_needs_a_token(capsys):
+def test_the_server_refuses_to_start_off_loopback_without_a_token_or_with_a_video_reward(capsys):
     assert serve_main(["--host", "0.0.0.0", "--port", str(free_port())]) == 2
     assert "give a --token-file" in capsys.readouterr().err
+    assert serve_main(["--reward", "video_ocr", "--engine", "rapidocr", "--port", str(free_port())]) == 2
+    assert "--reward video_ocr does not score images (video_ocr expects frames" in capsys.readouterr().err
+    assert serve_main(["--set", "rec_only=maybe"]) == 2
+    assert "rec_only is true or false" in capsys.readouterr().err
 
 
 def test_server_down_at_start_fails_at_build_when_required_and_scores_zero_otherwise(images):
