@@ -23,8 +23,9 @@ from tqdm import tqdm
 from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
 from rlrunner.checkpoint import load_checkpoint, resolve_resume_dir, save_checkpoint
-from rlrunner.cluster import create_cluster
+from rlrunner.cluster import create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
+from rlrunner.config.validate import check_placement
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.rewards import RewardOutput, RewardUnavailable
@@ -63,8 +64,10 @@ class Runner:
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
+        write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
         self.step = 0
+        self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
         self.reward_failures_in_a_row = 0
         # collocated actor and rollout take turns on the device when the recipe asks for offloading
@@ -86,21 +89,19 @@ class Runner:
         run = self.cfg.runner
         if self.step == 0 and run.val_before_train:
             self.evaluate()
-        progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                        file=sys.stderr)
-        try:  # closed also when a step raises, so that the error message starts on a line of its own
-            while self.step < self.max_steps:
-                metrics = self.train_step()
-                progress.update(1)
-                progress.set_postfix(reward=f"{metrics['env/avg']:.3f}",
-                                     loss=f"{metrics['train/actor/nft_loss']:.4f}", step_s=f"{metrics['time/step']:.1f}")
-                last = self.step == self.max_steps
-                if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
-                    self.evaluate()
-                if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
-                    self.save()
-        finally:
-            progress.close()
+        progress = self.progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step",
+                                        dynamic_ncols=True, file=sys.stderr)
+        while self.step < self.max_steps:
+            metrics = self.train_step()
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['env/avg']:.3f}", loss=f"{metrics['train/actor/nft_loss']:.4f}",
+                                 step_s=f"{metrics['time/step']:.1f}")
+            last = self.step == self.max_steps
+            if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
+                self.evaluate()
+            if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
+                self.save()
+        progress.close()
 
     def train_step(self) -> dict[str, float]:
         """One global step as a straight line of named, timed phases."""
@@ -297,6 +298,8 @@ class Runner:
         tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
 
     def close(self) -> None:
+        if self.progress is not None:  # also after a failed step, so the bar is not redrawn after the error
+            self.progress.close()
         self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.env.call("close")
         self.run_logger.close()
@@ -326,6 +329,7 @@ def run(cfg: DictConfig, log_dir: Path) -> None:
         torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     try:
         with create_cluster(cfg.cluster) as cluster:
+            check_placement(cfg, cluster.placement)  # again: a joined Ray cluster's devices may differ from ours
             runner = Runner(cfg, log_dir, cluster)
             try:
                 runner.fit()

@@ -1,7 +1,8 @@
 """Command-line entry point: ``python -m rlrunner.train --config-name NAME [key=value ...] [--dry-run]``.
 
 ``examples/diffusion/run_diffusion.sh`` calls this with ``--log-dir``; used directly, it makes
-``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself. User errors print one line and exit with status 2.
+``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself. User errors print one line and exit with status 2; a worker
+that raised, died or hung ends the run with status 1 and a last line naming its component and rank.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml
 
 EXIT_USER_ERROR = 2
+EXIT_WORKER_FAILED = 1
 EXIT_REWARD_UNAVAILABLE = 3
 
 
@@ -81,20 +83,27 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 0
     from rlrunner.checkpoint import CheckpointError
-    from rlrunner.cluster import WorkerError
+    from rlrunner.cluster import PlacementError, WorkerError
     from rlrunner.rewards import RewardUnavailable
     from rlrunner.runner import run
 
     try:
         run(cfg, log_dir)
-    except (RecipeError, CheckpointError) as err:
+    except (RecipeError, CheckpointError, PlacementError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (RewardUnavailable, WorkerError) as err:  # a reward service down: say so in one line, no traceback
-        if isinstance(err, WorkerError) and RewardUnavailable.__name__ not in err.what:
-            raise
-        print(f"rlrunner: error: {str(err).splitlines()[0]}", file=sys.stderr)
+    except RewardUnavailable as err:  # no sample could be scored for runner.max_reward_error_steps steps
+        print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_REWARD_UNAVAILABLE
+    except WorkerError as err:
+        if RewardUnavailable.__name__ in err.what:  # a required reward service is down at start: one line says it
+            print(f"rlrunner: error: {err.summary}", file=sys.stderr)
+            return EXIT_REWARD_UNAVAILABLE
+        if err.detail:  # the worker's own traceback, or Ray's account of how its process ended
+            print(err.detail.rstrip(), file=sys.stderr)
+        print(f"rlrunner: error: {err.summary}; all workers stopped (runner.resume_dir=auto resumes from the "
+              "last complete checkpoint)", file=sys.stderr)
+        return EXIT_WORKER_FAILED
     except KeyboardInterrupt:
         print("rlrunner: interrupted; workers stopped (last complete checkpoint is kept)", file=sys.stderr)
         return 130

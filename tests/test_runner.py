@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -42,6 +43,12 @@ def test_local_run_logs_every_metric_to_tensorboard_and_jsonl(local_run):
     assert eval_steps == [0, 2, 3]  # before training, every val_check_interval, and at the end
     assert all(0.0 <= m["env/avg"] <= 1.0 for m in train_metrics(local_run))
     assert (local_run / "samples" / "eval_samples_step000000.png").is_file()
+
+
+def test_local_run_reports_its_placement(local_run):
+    report = json.loads((local_run / "placement.json").read_text())
+    assert [(e["component"], e["rank"], e["node_id"]) for e in report] == [
+        ("actor", 0, "local"), ("rollout", 0, "local"), ("env", 0, "local")]
 
 
 def test_the_policy_moves_when_rewards_differ(local_run):

@@ -10,10 +10,11 @@ the groups; workers are plain classes and never call each other::
         losses = actor.call("update", batch)                               # one result per rank
 """
 
-from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup
+from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation
 from rlrunner.cluster.distributed import all_reduce_mean, init_distributed
 from rlrunner.cluster.factory import BACKENDS, create_cluster
-from rlrunner.cluster.placement import COMPONENTS, Placement, format_devices, parse_placement
+from rlrunner.cluster.placement import COMPONENTS, Placement, PlacementError, format_devices, parse_placement
+from rlrunner.cluster.report import write_placement_report
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
 
 __all__ = [
@@ -22,8 +23,10 @@ __all__ = [
     "Cluster",
     "PendingCall",
     "Placement",
+    "PlacementError",
     "WorkerError",
     "WorkerGroup",
+    "WorkerLocation",
     "all_reduce_mean",
     "create_cluster",
     "detect_device_type",
@@ -31,4 +34,5 @@ __all__ = [
     "format_devices",
     "init_distributed",
     "parse_placement",
+    "write_placement_report",
 ]

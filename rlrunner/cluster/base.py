@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from typing_extensions import Self
@@ -25,8 +26,12 @@ class WorkerError(RuntimeError):
 
     def __init__(self, role: str, rank: int, node_ip: str, what: str, detail: str = "") -> None:
         self.role, self.rank, self.node_ip, self.what, self.detail = role, rank, node_ip, what, detail
-        message = f"{role} worker rank {rank} on {node_ip} {what}"
-        super().__init__(f"{message}:\n{detail.rstrip()}" if detail else message)
+        super().__init__(f"{self.summary}:\n{detail.rstrip()}" if detail else self.summary)
+
+    @property
+    def summary(self) -> str:
+        """One line: which worker (role, rank, node IP) and what happened to it."""
+        return f"{self.role} worker rank {self.rank} on {self.node_ip} {self.what}"
 
     def __reduce__(self) -> tuple:
         return type(self), (self.role, self.rank, self.node_ip, self.what, self.detail)
@@ -36,6 +41,26 @@ def last_line(text: str) -> str:
     """The last non-empty line of a traceback: the exception type and message."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+@dataclass(frozen=True)
+class WorkerLocation:
+    """Where one worker runs: one entry of ``<log_dir>/placement.json``.
+
+    Attributes:
+        component: the group's role (``actor``, ``rollout``, ``env``).
+        rank: the worker's rank in its group.
+        node_id: Ray's node id, or ``"local"`` for the in-process backend.
+        node_ip: the node's IP address.
+        device: the accelerator the worker was given, as torch names it (``"cuda:0"``, ``"npu:1"``), or
+            ``"cpu"`` without one. Under Ray this is the physical id Ray assigned on that node.
+    """
+
+    component: str
+    rank: int
+    node_id: str
+    node_ip: str
+    device: str
 
 
 class PendingCall(abc.ABC):
@@ -60,10 +85,15 @@ class PendingCall(abc.ABC):
 class WorkerGroup(abc.ABC):
     """The workers of one role, one per device, called together."""
 
-    def __init__(self, role: str, devices: tuple[int, ...], node_ips: Sequence[str]) -> None:
+    def __init__(self, role: str, devices: tuple[int, ...], locations: Sequence[WorkerLocation]) -> None:
         self.role = role
         self.devices = tuple(devices)
-        self.node_ips = tuple(node_ips)
+        self._locations = tuple(locations)
+        self.node_ips = tuple(location.node_ip for location in self._locations)
+
+    def locations(self) -> tuple[WorkerLocation, ...]:
+        """Where each rank runs, in rank order (what ``placement.json`` reports)."""
+        return self._locations
 
     @property
     def world_size(self) -> int:

@@ -14,12 +14,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, last_line
+import torch
+
+from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation, last_line
 from rlrunner.cluster.distributed import IN_PROCESS_ENV, find_free_port, worker_env
 from rlrunner.cluster.placement import Placement, parse_placement
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
 
 LOCAL_IP = "127.0.0.1"
+LOCAL_NODE_ID = "local"  # what placement.json names the driver's machine
 
 
 class LocalPendingCall(PendingCall):
@@ -42,7 +45,9 @@ class LocalWorkerGroup(WorkerGroup):
     """Workers of one role living in the driver's process."""
 
     def __init__(self, cluster: LocalCluster, role: str, devices: tuple[int, ...], workers: list[Any]) -> None:
-        super().__init__(role, devices, [LOCAL_IP] * len(devices))
+        device = _driver_device(cluster.device_type)
+        super().__init__(role, devices, [WorkerLocation(role, rank, LOCAL_NODE_ID, LOCAL_IP, device)
+                                         for rank in range(len(devices))])
         self._cluster = cluster
         self.workers = workers  # the worker objects themselves, for tests and debugging
 
@@ -106,6 +111,13 @@ class LocalCluster(Cluster):
         group = LocalWorkerGroup(self, role, devices, workers)
         self._groups.append(group)
         return group
+
+
+def _driver_device(device_type: str) -> str:
+    """The device in-process workers compute on: the driver's current accelerator, or ``"cpu"``."""
+    if device_type == "cpu":
+        return "cpu"
+    return f"{device_type}:{getattr(torch, device_type).current_device()}"
 
 
 @contextmanager

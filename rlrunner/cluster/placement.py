@@ -26,6 +26,10 @@ _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 _KEY = "cluster.component_placement"
 
 
+class PlacementError(ValueError):
+    """A placement the recipe or the cluster cannot hold; the message is one line saying what to change."""
+
+
 @dataclass(frozen=True)
 class Placement:
     """Devices of every component.
@@ -95,13 +99,13 @@ def parse_placement(component_placement: Mapping[str, Any], num_nodes: int, devi
         The :class:`Placement`.
 
     Raises:
-        ValueError: a one-line message naming the bad entry, what was expected and how to fix it.
+        PlacementError: (a ValueError) a one-line message naming the bad entry, what was expected and how to fix it.
         TypeError: ``component_placement`` is not a mapping, or a key is not a string.
     """
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"cluster.num_nodes must be an integer >= 1, got {num_nodes!r}")
+        raise PlacementError(f"cluster.num_nodes must be an integer >= 1, got {num_nodes!r}")
     if isinstance(devices_per_node, bool) or not isinstance(devices_per_node, int) or devices_per_node < 1:
-        raise ValueError(f"devices per node must be an integer >= 1, got {devices_per_node!r}")
+        raise PlacementError(f"devices per node must be an integer >= 1, got {devices_per_node!r}")
     if not isinstance(component_placement, Mapping):
         raise TypeError(
             f"{_KEY} must be a mapping like {{'actor,env,rollout': 'all'}}, got {type(component_placement).__name__}"
@@ -111,14 +115,14 @@ def parse_placement(component_placement: Mapping[str, Any], num_nodes: int, devi
     for key, spec in component_placement.items():
         for name in _split_key(key):
             if name in devices:
-                raise ValueError(
+                raise PlacementError(
                     f"{_KEY} places {name!r} twice (in {source[name]!r} and {key!r}); give each component one entry"
                 )
             devices[name] = _parse_devices(key, spec, num_nodes, devices_per_node)
             source[name] = str(key)
     missing = [c for c in COMPONENTS if c not in devices]
     if missing:
-        raise ValueError(
+        raise PlacementError(
             f"{_KEY} does not place {', '.join(map(repr, missing))}; every component ({', '.join(COMPONENTS)}) "
             f"needs devices, e.g. {{'actor,env,rollout': 'all'}}"
         )
@@ -149,9 +153,9 @@ def _split_key(key: Any) -> list[str]:
     for name in names:
         if name not in COMPONENTS:
             what = "an empty component name" if not name else f"unknown component {name!r}"
-            raise ValueError(f"{_KEY} key {key!r} has {what}; valid components: {', '.join(COMPONENTS)}")
+            raise PlacementError(f"{_KEY} key {key!r} has {what}; valid components: {', '.join(COMPONENTS)}")
     if len(set(names)) != len(names):
-        raise ValueError(f"{_KEY} key {key!r} names a component twice; list each component once")
+        raise PlacementError(f"{_KEY} key {key!r} names a component twice; list each component once")
     return names
 
 
@@ -167,13 +171,15 @@ def _parse_devices(key: str, spec: Any, num_nodes: int, devices_per_node: int) -
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
     else:
-        raise ValueError(f"{where} is not a device range; use 'all', a device id like 3, or a range 'a-b' like '0-3'")
+        raise PlacementError(
+            f"{where} is not a device range; use 'all', a device id like 3, or a range 'a-b' like '0-3'"
+        )
     if first < 0:
-        raise ValueError(f"{where}: device ids start at 0")
+        raise PlacementError(f"{where}: device ids start at 0")
     if first > last:
-        raise ValueError(f"{where} is reversed; write '{last}-{first}'")
+        raise PlacementError(f"{where} is reversed; write '{last}-{first}'")
     if last >= num_devices:
-        raise ValueError(
+        raise PlacementError(
             f"{where} reaches device {last}, but the cluster has {_size_text(num_nodes, devices_per_node)}; "
             f"fix the range or set cluster.num_nodes / cluster.num_devices_per_node"
         )
@@ -184,7 +190,7 @@ def _check_overlaps(devices: dict[str, tuple[int, ...]]) -> None:
     for a, b in combinations(COMPONENTS, 2):
         shared = set(devices[a]) & set(devices[b])
         if shared and devices[a] != devices[b]:
-            raise ValueError(
+            raise PlacementError(
                 f"{_KEY}: {a} (devices {format_devices(devices[a])}) and {b} (devices {format_devices(devices[b])}) "
                 f"partially overlap on devices {format_devices(sorted(shared))}; components either share exactly "
                 f"the same devices (collocated, e.g. '{a},{b}': '{format_devices(devices[a])}') or disjoint ones"

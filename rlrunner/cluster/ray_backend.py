@@ -2,15 +2,19 @@
 
 Every device of the placement is one bundle of the placement group -- ``{"GPU": 1, "CPU": c}`` on GPUs,
 ``{"NPU": 1, "CPU": c}`` on Ascend, ``{"CPU": c}`` without accelerators, where ``c = cpus_per_worker`` times
-the number of components collocated on that device. Collocated workers share their device's bundle, each
-with an equal fractional share of the accelerator. Workers are plain classes: each runs inside a generic
-host actor (:class:`_WorkerHost`) that sets its torch.distributed env vars before calling its constructor.
-Ray is imported lazily, so importing this module is cheap.
+the number of components collocated on that device. Each bundle is pinned to the Ray node that holds its
+device (recipe node ``d // devices_per_node``, mapped onto Ray nodes by :mod:`rlrunner.cluster.nodes`) with
+a ``ray.io/node-id`` bundle label selector, and the placement is checked against the connected cluster's
+nodes before anything starts. Collocated workers share their device's bundle, each with an equal fractional
+share of the accelerator. Workers are plain classes: each runs inside a generic host actor
+(:class:`_WorkerHost`) that sets its torch.distributed env vars before calling its constructor. Ray is
+imported lazily, so importing this module is cheap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import re
@@ -18,13 +22,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, last_line
+from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation, last_line
 from rlrunner.cluster.distributed import find_free_port, worker_env
+from rlrunner.cluster.nodes import NODE_ID_LABEL, RAY_RESOURCE, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
-from rlrunner.cluster.resources import RAY_RESOURCE, detect_device_type, detect_devices_per_node
+from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
+_SPAWNS = itertools.count()  # makes the Ray actor names of this process unique
+# Ray accelerator resource -> torch device kind, for the device a worker reports
+_TORCH_KIND = {"GPU": "cuda", "NPU": "npu"}
 
 
 class _WorkerHost:
@@ -33,11 +41,17 @@ class _WorkerHost:
     def __init__(self) -> None:
         self.worker: Any = None
 
-    def node_info(self) -> tuple[str, int]:
-        """This node's IP and a free port on it (used as MASTER_PORT when this is rank 0)."""
+    def node_info(self) -> dict[str, Any]:
+        """Where this actor runs (node IP and id, the accelerator Ray gave it) and a free port on the node
+        (used as MASTER_PORT when this is rank 0)."""
         import ray
 
-        return ray.util.get_node_ip_address(), find_free_port()
+        context = ray.get_runtime_context()
+        accelerators = context.get_accelerator_ids()
+        device = next((f"{kind}:{','.join(accelerators[name])}" for name, kind in _TORCH_KIND.items()
+                       if accelerators.get(name)), "cpu")
+        return {"node_ip": ray.util.get_node_ip_address(), "node_id": context.get_node_id(), "device": device,
+                "port": find_free_port()}
 
     def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
         """Set the env vars, then build ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
@@ -85,8 +99,9 @@ class RayPendingCall(PendingCall):
 class RayWorkerGroup(WorkerGroup):
     """Workers of one role, each a Ray actor in its device's placement-group bundle."""
 
-    def __init__(self, cluster: RayCluster, role: str, devices: tuple[int, ...], hosts: list[Any], ips: list[str]):
-        super().__init__(role, devices, ips)
+    def __init__(self, cluster: RayCluster, role: str, devices: tuple[int, ...], hosts: list[Any],
+                 locations: list[WorkerLocation]):
+        super().__init__(role, devices, locations)
         self._cluster, self._hosts = cluster, hosts
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
@@ -191,23 +206,32 @@ def _plain(text: str) -> str:
 
 
 class RayCluster(Cluster):
-    """Workers as Ray actors in one placement group sized from the placement."""
+    """Workers as Ray actors in one placement group sized from the placement, each bundle pinned to its node.
+
+    Attributes:
+        nodes: the Ray nodes in recipe order (``nodes[k]`` is recipe node ``k``; see
+            :mod:`rlrunner.cluster.nodes`).
+    """
 
     def __init__(self, cluster_cfg: Any, placement: Placement | None = None) -> None:
         self._started_ray = False
         self._pg = None
         self.cpus_per_worker = float(getattr(cluster_cfg, "cpus_per_worker", 1.0))
         try:
-            placement = self._connect(cluster_cfg, placement)
+            placement, cluster_name = self._connect(cluster_cfg, placement)
             super().__init__(placement, detect_device_type(), getattr(cluster_cfg, "worker_timeout_s", 1800.0))
+            self.nodes = self._check_nodes(cluster_name)
             self._slots_used = {d: 0 for d in placement.used_devices}
             self._pg, self._bundle_index = self._create_placement_group()
         except BaseException:
             self._release()
             raise
 
-    def _connect(self, cluster_cfg: Any, placement: Placement | None) -> Placement:
-        """Join ``ray_address`` / ``RAY_ADDRESS`` or start a local Ray sized for the placement; returns it."""
+    def _connect(self, cluster_cfg: Any, placement: Placement | None) -> tuple[Placement, str]:
+        """Join ``ray_address`` / ``RAY_ADDRESS`` or start a local Ray sized for the placement.
+
+        Returns the placement and how error messages name the cluster.
+        """
         import ray
 
         address = getattr(cluster_cfg, "ray_address", "") or os.environ.get("RAY_ADDRESS", "")
@@ -217,43 +241,53 @@ class RayCluster(Cluster):
         if placement is None:  # after connecting, so detection sees the cluster's nodes
             n_per_node = detect_devices_per_node(cluster_cfg)
             placement = parse_placement(cluster_cfg.component_placement, cluster_cfg.num_nodes, n_per_node)
-        if not ray.is_initialized():
-            need_cpus = self.cpus_per_worker * sum(len(placement.components_on(d)) for d in placement.used_devices)
-            num_cpus = max(os.cpu_count() or 1, math.ceil(need_cpus) + 1)  # +1: room for plain tasks
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
-            self._started_ray = True
-        return placement
+        if ray.is_initialized():
+            return placement, f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
+        need_cpus = self.cpus_per_worker * sum(len(placement.components_on(d)) for d in placement.used_devices)
+        num_cpus = max(os.cpu_count() or 1, math.ceil(need_cpus) + 1)  # +1: room for plain tasks
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        self._started_ray = True
+        return placement, "the one-node Ray started on this machine (set cluster.ray_address to join a cluster)"
 
     # ------------------------------------------------------------------------------------ resources
 
-    def _create_placement_group(self) -> tuple[Any, dict[int, int]]:
+    def _check_nodes(self, cluster_name: str) -> list[RayNode]:
+        """The cluster's nodes in recipe order, after checking that every device of the placement exists."""
         import ray
-        from ray.util.placement_group import placement_group
+
+        nodes = recipe_nodes(ray.nodes(), self.device_type)
+        check_placement_fits(self.placement, nodes, self.device_type, self.cpus_per_worker, cluster_name)
+        return nodes
+
+    def _create_placement_group(self) -> tuple[Any, dict[int, int]]:
+        """One bundle per used device, each pinned by label to the Ray node of its recipe node."""
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table
 
         devices = self.placement.used_devices
         bundles = [bundle_resources(self.placement, d, self.device_type, self.cpus_per_worker) for d in devices]
-        need: dict[str, float] = {}
-        for bundle in bundles:
-            for key, value in bundle.items():
-                need[key] = need.get(key, 0.0) + value
-        have = ray.cluster_resources()
-        short = {k: v for k, v in need.items() if have.get(k, 0.0) + 1e-6 < v}
-        if short:
-            raise ValueError(
-                f"the placement needs {need} for devices {format_devices(devices)}, but the Ray cluster has "
-                f"{ {k: have.get(k, 0.0) for k in need} }; lower cluster.cpus_per_worker, fix "
-                "cluster.component_placement, or add nodes"
-            )
-        strategy = "STRICT_PACK" if self.placement.num_nodes == 1 else "PACK"
-        pg = placement_group(bundles, strategy=strategy, name=f"rlrunner-{os.getpid()}-{id(self):x}")
+        node_ids = [self.nodes[self.placement.node_of(d)].node_id for d in devices]
+        # PACK, not STRICT_PACK: Ray releases before ray-project/ray#60170 ignore label selectors under STRICT_PACK
+        pg = placement_group(bundles, strategy="PACK", name=f"rlrunner-{os.getpid()}-{id(self):x}",
+                             bundle_label_selector=[{NODE_ID_LABEL: node_id} for node_id in node_ids])
         try:
             ray.get(pg.ready(), timeout=self.worker_timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.util.remove_placement_group(pg)
             raise RuntimeError(
-                f"Ray could not place {len(bundles)} bundles ({strategy}, needing {need}) within "
-                f"{self.worker_timeout_s:g} s (cluster.worker_timeout_s); other jobs may hold the resources"
+                f"Ray could not place the {len(bundles)} bundles of devices {format_devices(devices)} on their "
+                f"nodes within {self.worker_timeout_s:g} s (cluster.worker_timeout_s); other jobs may hold the "
+                "resources"
             ) from None
+        placed = placement_group_table(pg)["bundles_to_node_id"]
+        for index, (device, node_id) in enumerate(zip(devices, node_ids)):
+            if placed[index] != node_id:  # a Ray that ignores label selectors must not break the contract
+                ray.util.remove_placement_group(pg)
+                raise RuntimeError(
+                    f"Ray put the bundle of device {device} on node {placed[index]}, not on recipe node "
+                    f"{self.placement.node_of(device)} ({node_id}); this Ray ignores bundle label selectors, "
+                    "upgrade it"
+                )
         return pg, {d: i for i, d in enumerate(devices)}
 
     def _take_slots(self, role: str, devices: tuple[int, ...]) -> None:
@@ -279,13 +313,15 @@ class RayCluster(Cluster):
         self._take_slots(role, devices)
         hosts: list[Any] = []
         try:
-            hosts = [self._start_host(d) for d in devices]
+            serial = next(_SPAWNS)
+            hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
             unknown = ["(node not known yet)"] * len(hosts)
             started = [(rank, h.node_info.remote()) for rank, h in enumerate(hosts)]
-            ips_ports = gather(role, unknown, "start", started, self.worker_timeout_s)
-            ips = [ip for ip, _ in ips_ports]
+            infos = gather(role, unknown, "start", started, self.worker_timeout_s)
+            ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
+            master = (ips[0], infos[0]["port"])
             refs = [
-                (rank, host.construct.remote(self._env(rank, ips, *ips_ports[0]), worker_cls, args, kwargs))
+                (rank, host.construct.remote(self._env(rank, node_ids, *master), worker_cls, args, kwargs))
                 for rank, host in enumerate(hosts)
             ]
             gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s)
@@ -294,22 +330,26 @@ class RayCluster(Cluster):
             for d in devices:
                 self._slots_used[d] -= 1
             raise
-        group = RayWorkerGroup(self, role, devices, hosts, ips)
+        locations = [WorkerLocation(role, rank, info["node_id"], info["node_ip"], info["device"])
+                     for rank, info in enumerate(infos)]
+        group = RayWorkerGroup(self, role, devices, hosts, locations)
         self._groups.append(group)
         return group
 
     @staticmethod
-    def _env(rank: int, ips: list[str], master_addr: str, master_port: int) -> dict[str, str]:
-        """torch.distributed env vars of ``rank``; LOCAL_RANK counts the group's ranks on the same node."""
-        same_node = [r for r, ip in enumerate(ips) if ip == ips[rank]]
-        return worker_env(rank, len(ips), same_node.index(rank), len(same_node), master_addr, master_port)
+    def _env(rank: int, node_ids: list[str], master_addr: str, master_port: int) -> dict[str, str]:
+        """torch.distributed env vars of ``rank``; LOCAL_RANK counts the group's ranks on the same node (by
+        node id: several nodes may share one IP)."""
+        same_node = [r for r, node_id in enumerate(node_ids) if node_id == node_ids[rank]]
+        return worker_env(rank, len(node_ids), same_node.index(rank), len(same_node), master_addr, master_port)
 
-    def _start_host(self, device: int) -> Any:
+    def _start_host(self, device: int, name: str) -> Any:
+        """A host actor in ``device``'s bundle, named ``name`` (how ``ray list actors`` shows it)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=self._bundle_index[device])
         options = worker_resources(self.placement, device, self.device_type, self.cpus_per_worker)
-        return _host_actor().options(scheduling_strategy=strategy, **options).remote()
+        return _host_actor().options(scheduling_strategy=strategy, name=name, **options).remote()
 
     @staticmethod
     def _kill(hosts: list[Any]) -> None:

@@ -12,10 +12,8 @@ from typing import Any
 
 import torch
 
+from rlrunner.cluster.nodes import RAY_RESOURCE, alive_nodes
 from rlrunner.utils.device import npu_available
-
-# device kind -> Ray resource name that reserves one such device in a placement bundle
-RAY_RESOURCE: dict[str, str] = {"cuda": "GPU", "npu": "NPU", "cpu": "CPU"}
 
 
 def detect_device_type() -> str:
@@ -56,7 +54,7 @@ def _ray_devices_per_node() -> tuple[str, int] | None:
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return None
-    nodes = [n for n in ray.nodes() if n.get("Alive", n.get("alive", False))]
+    nodes = alive_nodes(ray.nodes())
     for kind in ("cuda", "npu"):
         counts = [int(n.get("Resources", {}).get(RAY_RESOURCE[kind], 0)) for n in nodes]
         if max(counts, default=0) > 0:

@@ -99,8 +99,11 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         raise RecipeError(f"cannot parse overrides {overrides}: {str(err).splitlines()[0]}") from None
 
 
-def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> DictConfig:
+def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR, *,
+                check_datasets: bool = True) -> DictConfig:
     """Merge recipe ``name`` and ``overrides`` onto the schema, resolve interpolations and validate.
+
+    ``check_datasets=False`` accepts a recipe whose prompt files are absent (for tools that read no prompts).
 
     Returns a struct-mode, read-only :class:`DictConfig`; raises :class:`RecipeError` on any user error.
     """
@@ -129,7 +132,7 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
     except OmegaConfBaseException as err:
         raise RecipeError(f"{path}: cannot resolve interpolation at {getattr(err, 'full_key', '?')!r}: "
                           f"{str(err).splitlines()[0]}") from None
-    validate(cfg, base_dir=Path(os.getcwd()))
+    validate(cfg, base_dir=Path(os.getcwd()), check_datasets=check_datasets)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

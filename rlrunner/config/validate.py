@@ -7,6 +7,7 @@ what to change.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -108,13 +109,15 @@ def _check_family(cfg: DictConfig, base_dir: Path) -> None:
         _fail(f"{family_key}.lora_path={family.lora_path!r} does not exist")
 
 
-def _check_env(cfg: DictConfig, split: str, base_dir: Path) -> None:
+def _check_env(cfg: DictConfig, split: str, base_dir: Path, check_datasets: bool) -> None:
     env = cfg.env[split]
     group_size = cfg.algorithm.group_size
     _check_positive(cfg, f"env.{split}.total_num_envs", f"env.{split}.rollout_epoch")
     if split == "train" and env.total_num_envs % group_size:
         _fail(f"env.train.total_num_envs={env.total_num_envs} is not a multiple of algorithm.group_size="
               f"{group_size}; use e.g. {max(1, env.total_num_envs // group_size) * group_size}")
+    if not check_datasets:
+        return
     if not env.dataset.path:
         _fail(f"env.{split}.dataset.path is empty; set it to a directory with {env.dataset.split}.txt or a .txt file")
     path = base_dir / Path(env.dataset.path).expanduser()
@@ -161,7 +164,6 @@ def _check_reward(cfg: DictConfig, split: str, base_dir: Path) -> None:
 
 def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:
     actor = cfg.actor
-    _check_positive(cfg, "actor.micro_batch_size", "actor.global_batch_size", "algorithm.group_size")
     step = actor.micro_batch_size * num_actor_workers
     if actor.global_batch_size % step:
         _fail(f"actor.global_batch_size={actor.global_batch_size} is not divisible by actor.micro_batch_size="
@@ -170,12 +172,13 @@ def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:
     if samples % actor.global_batch_size:
         _fail(f"one step rolls out env.train.total_num_envs x rollout_epoch = {samples} samples, not a multiple "
               f"of actor.global_batch_size={actor.global_batch_size}")
-    if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
-        _fail("set runner.max_steps or runner.max_epochs to a positive number")
 
 
-def validate(cfg: DictConfig, base_dir: Path) -> None:
-    """Reject contradictory or impossible recipes; ``base_dir`` anchors relative paths."""
+def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> None:
+    """Reject contradictory or impossible recipes; ``base_dir`` anchors relative paths.
+
+    ``check_datasets=False`` skips the prompt files (``rlrunner.plan`` sizes a run without reading prompts).
+    """
     from rlrunner.cluster import detect_devices_per_node, parse_placement
 
     for key, valid in CHOICES.items():
@@ -188,16 +191,32 @@ def validate(cfg: DictConfig, base_dir: Path) -> None:
     check_tau(cfg.algorithm.nft_tau)
     _check_positive(cfg, "algorithm.nft_timesteps_per_sample")
     _check_family(cfg, base_dir)
-    _check_env(cfg, "train", base_dir)
-    _check_env(cfg, "eval", base_dir)
+    _check_env(cfg, "train", base_dir, check_datasets)
+    _check_env(cfg, "eval", base_dir, check_datasets)
     for split in ("train", "eval"):
         _check_reward(cfg, split, base_dir)
     _check_positive(cfg, "runner.max_reward_error_steps")
-    try:
-        placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
-                                    detect_devices_per_node(cfg.cluster))
-    except (ValueError, TypeError) as err:
-        _fail(str(err))
+    _check_positive(cfg, "actor.micro_batch_size", "actor.global_batch_size", "algorithm.group_size")
+    if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
+        _fail("set runner.max_steps or runner.max_epochs to a positive number")
+    if _devices_known_offline(cfg.cluster):
+        try:
+            placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
+                                        detect_devices_per_node(cfg.cluster))
+        except (ValueError, TypeError) as err:
+            _fail(str(err))
+        check_placement(cfg, placement)
+
+
+def _devices_known_offline(cluster: DictConfig) -> bool:
+    """False when the recipe joins an existing Ray cluster and leaves its devices per node to detection: then
+    the driver machine's devices say nothing, and the placement is checked after connecting (runner.run)."""
+    joins = cluster.backend == "ray" and bool(cluster.ray_address or os.environ.get("RAY_ADDRESS"))
+    return not joins or cluster.num_devices_per_node > 0
+
+
+def check_placement(cfg: DictConfig, placement: Any) -> None:
+    """Checks that need the placement (a :class:`~rlrunner.cluster.Placement`): batch and prompt shares."""
     _check_batches(cfg, placement.num_workers("actor"))
     if cfg.runner.rollout_ahead and cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout"):
         _fail("runner.rollout_ahead=true needs the actor and rollout models on the device at the same time; it "

@@ -27,6 +27,7 @@ from rlrunner.models.base import (
     to_uint8,
     vae_latent_stats,
 )
+from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -69,8 +70,7 @@ class QwenImageFlowModel(FlowModel):
         self.vae = pipe.vae
         self.text_encoders = {"text_encoder": pipe.text_encoder}
         self.height, self.width = resolution_hw(family_cfg.resolution)
-        self.vae_scale_factor = pipe.vae_scale_factor
-        check_divisible(self.height, self.width, self.vae_scale_factor * 2, "qwen_image")
+        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
 
     @classmethod
@@ -81,10 +81,28 @@ class QwenImageFlowModel(FlowModel):
         return cls.from_diffusers(QwenImagePipeline, AutoencoderKLQwenImage, model_path, family_cfg,
                                   device=device, dtype=dtype)
 
+    @classmethod
+    def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:
+        """Shapes at ``family_cfg``'s settings from the component configs, by the pipeline's rules.
+
+        Latent ``(z_dim, H/f, W/f)`` with ``f = 2^len(temperal_downsample)``, packed in 2x2 patches for the
+        transformer; ``prompt_embeds`` at most ``max_sequence_length`` tokens (the longest prompt of a batch),
+        ``joint_attention_dim`` wide, and the int64 ``prompt_mask``: the sizes are that upper bound.
+        """
+        height, width = resolution_hw(family_cfg.resolution)
+        vae, transformer = configs["vae"], configs["transformer"]
+        factor = 2 ** len(vae["temperal_downsample"])
+        check_divisible(height, width, factor * 2, "qwen_image")
+        latent = (int(vae["z_dim"]), height // factor, width // factor)
+        text_tokens = int(family_cfg.max_sequence_length)
+        cond = {"prompt_embeds": ((text_tokens, int(transformer["joint_attention_dim"])), None),
+                "prompt_mask": ((text_tokens,), torch.int64)}
+        return SampleShapes(latent, cond, pixels=(height, width, 3), text_tokens=text_tokens,
+                            image_tokens=(latent[1] // 2) * (latent[2] // 2))
+
     @property
     def latent_shape(self) -> tuple[int, int, int]:
-        return (self.vae.config.z_dim if self.vae is not None else self.transformer.config.in_channels // 4,
-                self.height // self.vae_scale_factor, self.width // self.vae_scale_factor)
+        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -20,6 +20,7 @@ from rlrunner.models.base import (
     resolution_hw,
     to_uint8,
 )
+from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 
 class SD3FlowModel(FlowModel):
@@ -45,8 +46,7 @@ class SD3FlowModel(FlowModel):
         self.text_encoders = {n: getattr(pipe, n) for n in ("text_encoder", "text_encoder_2", "text_encoder_3")
                               if getattr(pipe, n) is not None}
         self.height, self.width = resolution_hw(family_cfg.resolution)
-        self.vae_scale_factor = pipe.vae_scale_factor
-        check_divisible(self.height, self.width, self.vae_scale_factor * pipe.patch_size, "sd3")
+        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         if int(family_cfg.max_sequence_length) > 512:
             raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
         self._setup_transformer()
@@ -59,10 +59,27 @@ class SD3FlowModel(FlowModel):
         return cls.from_diffusers(StableDiffusion3Pipeline, AutoencoderKL, model_path, family_cfg,
                                   device=device, dtype=dtype)
 
+    @classmethod
+    def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:
+        """Shapes at ``family_cfg``'s settings from the component configs, by the pipeline's rules.
+
+        Latent ``(C, H/f, W/f)`` with the VAE factor ``f = 2^(levels - 1)``; ``prompt_embeds``: the CLIP length
+        (``max_position_embeddings``, 77) plus ``max_sequence_length`` T5 tokens, ``joint_attention_dim`` wide.
+        """
+        height, width = resolution_hw(family_cfg.resolution)
+        transformer = configs["transformer"]
+        factor, patch = 2 ** (len(configs["vae"]["block_out_channels"]) - 1), int(transformer["patch_size"])
+        check_divisible(height, width, factor * patch, "sd3")
+        latent = (int(transformer["in_channels"]), height // factor, width // factor)
+        text_tokens = int(configs["text_encoder"]["max_position_embeddings"]) + int(family_cfg.max_sequence_length)
+        cond = {"prompt_embeds": ((text_tokens, int(transformer["joint_attention_dim"])), None),
+                "pooled_prompt_embeds": ((int(transformer["pooled_projection_dim"]),), None)}
+        return SampleShapes(latent, cond, pixels=(height, width, 3), text_tokens=text_tokens,
+                            image_tokens=(latent[1] // patch) * (latent[2] // patch))
+
     @property
     def latent_shape(self) -> tuple[int, int, int]:
-        return (self.transformer.config.in_channels, self.height // self.vae_scale_factor,
-                self.width // self.vae_scale_factor)
+        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

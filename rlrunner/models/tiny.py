@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import ADAPTERS, TRAINED_ADAPTER, Cond, FlowModel
+from rlrunner.models.shapes import SampleShapes
 from rlrunner.models.tiny_text import load_tiny_components, target_text, tiny_velocity
 
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
@@ -60,6 +61,7 @@ class TinyFlowModel(FlowModel):
         self.index = index
         self.alphabet: str = str(index.get("alphabet", text_encoder.config.alphabet))
         self._resolution = _resolution(index["resolution"])
+        self.shapes = self.sample_shapes(family_cfg, {"model_index": index, "text_encoder": dict(text_encoder.config)})
 
     @classmethod
     def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> TinyFlowModel:
@@ -91,9 +93,24 @@ class TinyFlowModel(FlowModel):
         return model
 
     # ------------------------------------------------------------------ FlowModel
+    @classmethod
+    def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:
+        """Shapes from ``model_index.json`` (the trained resolution and patch size) and the text encoder's config.
+
+        Latent = pixels ``(1, H, W)``; ``text_emb``: ``max_length`` slots, ``dim`` wide; the UNet sees
+        ``(H/p)(W/p)`` cells.
+        """
+        index, text_encoder = configs["model_index"], configs["text_encoder"]
+        height, width = _resolution(index["resolution"])
+        patch = int(index["patch_size"])
+        slots = int(text_encoder["max_length"])
+        return SampleShapes((1, height, width), {"text_emb": ((slots, int(text_encoder["dim"])), None)},
+                            pixels=(height, width, 3), image_tokens=(height // patch) * (width // patch),
+                            text_tokens=slots)
+
     @property
     def latent_shape(self) -> tuple[int, ...]:
-        return (1, *self._resolution)
+        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -27,6 +27,7 @@ from rlrunner.models.base import (
     to_uint8,
     vae_latent_stats,
 )
+from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 CONDITION_MODES = ("t2v",)
 
@@ -72,11 +73,8 @@ class WanFlowModel(FlowModel):
         self.expand_timesteps = bool(pipe.config.expand_timesteps)
         self.height, self.width = resolution_hw(family_cfg.resolution)
         self.num_frames = int(family_cfg.num_frames)
-        self.temporal_factor = pipe.vae_scale_factor_temporal
-        self.spatial_factor = pipe.vae_scale_factor_spatial
         self.patch_size = tuple(self.transformer.config.patch_size)
-        latent_num_frames(self.num_frames, self.temporal_factor)
-        check_divisible(self.height, self.width, self.spatial_factor * self.patch_size[1], "wan22_ti2v_5b")
+        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
 
     @classmethod
@@ -92,10 +90,30 @@ class WanFlowModel(FlowModel):
         """``num_frames: 1`` makes an image model: latents keep their frame axis, pixels do not."""
         return self.num_frames > 1
 
+    @classmethod
+    def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:
+        """Shapes at ``family_cfg``'s settings from the component configs, by the pipeline's rules.
+
+        Latent ``(C, F', H/s, W/s)`` with the VAE's ``scale_factor_spatial`` / ``scale_factor_temporal``;
+        ``prompt_embeds``: ``max_sequence_length`` UMT5 tokens, ``text_dim`` wide; pixels ``(F, H, W, 3)``.
+        """
+        height, width = resolution_hw(family_cfg.resolution)
+        transformer, vae = configs["transformer"], configs["vae"]
+        spatial, patch = int(vae["scale_factor_spatial"]), tuple(transformer["patch_size"])
+        num_frames = int(family_cfg.num_frames)
+        frames = latent_num_frames(num_frames, int(vae["scale_factor_temporal"]))
+        check_divisible(height, width, spatial * patch[1], "wan22_ti2v_5b")
+        latent = (int(transformer["in_channels"]), frames, height // spatial, width // spatial)
+        text_tokens = int(family_cfg.max_sequence_length)
+        return SampleShapes(
+            latent, {"prompt_embeds": ((text_tokens, int(transformer["text_dim"])), None)},
+            pixels=(num_frames, height, width, 3) if num_frames > 1 else (height, width, 3), text_tokens=text_tokens,
+            image_tokens=(frames // patch[0]) * (latent[2] // patch[1]) * (latent[3] // patch[2]),
+        )
+
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
-        return (self.transformer.config.in_channels, latent_num_frames(self.num_frames, self.temporal_factor),
-                self.height // self.spatial_factor, self.width // self.spatial_factor)
+        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
 import pytest
 from cluster_toys import BrokenInit, Counter, DataParallel
 
-from rlrunner.cluster import BACKENDS, WorkerError, create_cluster, init_distributed, parse_placement
+from rlrunner.cluster import (
+    BACKENDS,
+    WorkerError,
+    create_cluster,
+    init_distributed,
+    parse_placement,
+    write_placement_report,
+)
 from rlrunner.cluster.local import LocalCluster
 
 
@@ -56,6 +64,23 @@ def test_spawn_passes_args_rank_and_world_size(cluster):
     assert group.node_ips == ("127.0.0.1", "127.0.0.1")
     one = cluster.spawn_component("env", Counter)
     assert one.call("value") == [0, 1] and cluster.groups == (group, one)
+
+
+def test_placement_report_lists_every_worker_in_json_and_as_a_table(cluster, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cluster, "device_type", "cpu")  # in-process workers compute on the driver's device
+    groups = [cluster.spawn("actor", Counter, (0, 1)), cluster.spawn("env", Counter, (1,))]
+    entries = write_placement_report(groups, tmp_path)
+    local = {"node_id": "local", "node_ip": "127.0.0.1", "device": "cpu"}
+    assert entries == [{"component": "actor", "rank": 0, **local}, {"component": "actor", "rank": 1, **local},
+                       {"component": "env", "rank": 0, **local}]
+    assert json.loads((tmp_path / "placement.json").read_text()) == entries
+    assert capsys.readouterr().err.splitlines() == [
+        f"placement ({tmp_path / 'placement.json'}):",
+        "  component  rank  node_ip    node_id  device",
+        "  actor      0     127.0.0.1  local    cpu",
+        "  actor      1     127.0.0.1  local    cpu",
+        "  env        0     127.0.0.1  local    cpu",
+    ]
 
 
 def test_call_async_scatter_and_call_rank(cluster):

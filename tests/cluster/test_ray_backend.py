@@ -15,7 +15,7 @@ import pytest
 import ray
 from cluster_toys import BrokenInit, Counter, DataParallel
 
-from rlrunner.cluster import WorkerError, create_cluster
+from rlrunner.cluster import WorkerError, WorkerLocation, create_cluster
 from rlrunner.cluster.ray_backend import RayCluster
 
 pytestmark = pytest.mark.ray
@@ -83,6 +83,18 @@ def test_cluster_started_ray_with_one_bundle_per_device(cluster):
     assert ray.cluster_resources()["CPU"] >= 7  # 2 bundles x 3 CPUs, +1 left for plain tasks
     bundles = ray.util.placement_group_table(cluster._pg)["bundles"]
     assert list(bundles.values()) == [{"CPU": 3.0}, {"CPU": 3.0}]
+
+
+def test_bundles_are_pinned_to_the_node_and_workers_report_where_they_run(cluster, counters):
+    node_id = ray.get_runtime_context().get_node_id()  # the one node of the Ray this cluster started
+    assert [n.node_id for n in cluster.nodes] == [node_id] and cluster.nodes[0].is_head
+    assert set(ray.util.placement_group_table(cluster._pg)["bundles_to_node_id"].values()) == {node_id}
+    ip = ray.util.get_node_ip_address()
+    assert counters.locations() == (WorkerLocation("rollout", 0, node_id, ip, "cpu"),
+                                    WorkerLocation("rollout", 1, node_id, ip, "cpu"))
+    alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]  # Ray's GCS actor table
+    assert sorted(a["Name"].rsplit("-", 1)[0] for a in alive) == ["rlrunner-rollout-0", "rlrunner-rollout-1"]
+    assert {a["Address"]["NodeID"] for a in alive} == {node_id}
 
 
 def test_data_parallel_group_averages_with_gloo(cluster):

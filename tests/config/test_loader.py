@@ -118,6 +118,23 @@ def test_contradictions_are_rejected_with_one_line(recipe_dir, overrides, messag
     assert "\n" not in str(info.value)
 
 
+def test_a_joined_ray_cluster_defers_device_checks_to_its_own_nodes(recipe_dir, monkeypatch):
+    """The driver machine's devices say nothing about a cluster it joins; the run checks the cluster's nodes."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # this driver: one CPU "device"
+    monkeypatch.setattr("rlrunner.cluster.resources.npu_available", lambda: False)
+    eight = ["cluster.backend=ray", "cluster.component_placement={actor: 0-3, rollout: 4-5, env: 6-7}"]
+    with pytest.raises(RecipeError, match=r"reaches device 3, but the cluster has 1 device"):
+        load(recipe_dir, *eight, "cluster.num_devices_per_node=1")  # counted offline, with or without Ray
+    with pytest.raises(RecipeError, match=r"reaches device 3, but the cluster has 1 device"):
+        load(recipe_dir, *eight, "cluster.num_devices_per_node=1", "cluster.ray_address=10.0.0.1:6379")
+    assert load(recipe_dir, *eight, "cluster.ray_address=10.0.0.1:6379").cluster.num_devices_per_node == 0
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert load(recipe_dir, *eight).cluster.backend == "ray"
+    with pytest.raises(RecipeError, match=r"reaches device 3"):
+        load(recipe_dir, *eight[1:], "cluster.backend=local")  # in-process workers run on this machine
+
+
 def test_hub_id_model_path_is_accepted_without_local_folder(recipe_dir):
     assert load(recipe_dir, "actor.model.model_path=org/model").actor.model.model_path == "org/model"
 

@@ -1,0 +1,179 @@
+"""Will it fit? ``python -m rlrunner.plan <config_name> [key=value ...] [--device-memory GIB]``.
+
+Loads the recipe as the launcher does (prompt files are not needed), builds every component of the model folder
+on the meta device from its config files (``model_index.json`` and each component's ``config.json``; weights
+are never read) and prints, per device of ``cluster.component_placement``, what each component holds there
+(:mod:`rlrunner.sizing.memory` says what that is), an activation estimate, and the peak against the device's
+memory: of the accelerator visible here, or ``--device-memory``. User errors print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlrunner.cluster.placement import format_devices, parse_placement
+from rlrunner.cluster.resources import detect_devices_per_node
+from rlrunner.config.loader import RecipeError, load_recipe
+from rlrunner.sizing.memory import (
+    ComponentPlan,
+    ModelSizes,
+    StepGeometry,
+    actor_plan,
+    env_plan,
+    format_bytes,
+    host_buffer_parts,
+    model_sizes,
+    resolve_model_folder,
+    rollout_plan,
+    step_geometry,
+)
+from rlrunner.sizing.meta import ModelFolderError
+from rlrunner.utils.device import npu_available
+
+EXIT_USER_ERROR = 2
+RUNNING_COMPONENTS = ("actor", "rollout")  # env holds no counted memory; it never defines a phase
+ACTIVATION_NOTE = (
+    "activations: formula estimate in the model dtype, s = image + text tokens per sample, h = hidden size, "
+    "L = blocks: training L*b*s*h + 17*b*s*h with gradient checkpointing (17*L*b*s*h without; Korthikanti et al. "
+    "2022 with memory-efficient attention), sampling 8*b*s*h. Not included: VAE decode and text-encoder forward "
+    "working memory, the CUDA context (~0.5-1 GiB per process), allocator fragmentation; the env's OCR engine "
+    "is not counted."
+)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    name: str
+    total_bytes: int
+
+
+def visible_device_memory() -> DeviceMemory | None:
+    """Total memory of this machine's first accelerator (all devices of a placement are taken to be alike)."""
+    if torch.cuda.is_available():
+        return DeviceMemory(f"cuda:0 {torch.cuda.get_device_name(0)}", torch.cuda.mem_get_info(0)[1])
+    if npu_available():
+        return DeviceMemory("npu:0", torch.npu.mem_get_info(0)[1])
+    return None
+
+
+def device_peak(plans: dict[str, ComponentPlan], components: tuple[str, ...], *, swap: bool,
+                concurrent: bool) -> tuple[int, str]:
+    """Peak bytes on a device holding ``components`` and the phase it happens in.
+
+    Collocated components take turns (one phase each): the running one holds everything plus its transient
+    tensors and activations; the idle one keeps its persistent parts, minus the swapped ones when ``swap``
+    (``cluster.enable_offload``). With ``concurrent`` (``runner.rollout_ahead``) everything runs at once.
+    """
+    running = [c for c in components if c in RUNNING_COMPONENTS]
+    phases = [tuple(running)] if concurrent or len(running) < 2 else [(c,) for c in running]
+    best = (0, "idle")
+    for active in phases:
+        total = 0
+        for component in components:
+            is_running = component in active
+            plan = plans[component]
+            total += sum(p.nbytes for p in plan.parts if p.counted and (is_running or not (
+                p.transient or (swap and p.swapped))))
+            if is_running and plan.activation_bytes:
+                total += plan.activation_bytes
+        best = max(best, (total, " + ".join(active) or "idle"))
+    return best
+
+
+def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_name: str,
+           memory: DeviceMemory | None) -> list[str]:
+    """The plan as printed lines (a warning line starts with ``WARNING:``)."""
+    model = cfg.actor.model
+    family_cfg = model[model.model_type]
+    strategy = str(cfg.actor.strategy)
+    plans = {"actor": actor_plan(sizes, geometry, strategy, bool(family_cfg.gradient_checkpointing)),
+             "rollout": rollout_plan(sizes, geometry, family_cfg), "env": env_plan()}
+    lines = [
+        (f"rlrunner plan for {config_name!r}: {model.model_type} from {model.model_path} (config files only; no "
+         f"weights read)"),
+        (f"precision {model.precision} (VAE fp32; LoRA, gradients and AdamW state fp32); actor.strategy {strategy}; "
+         f"{placement.num_devices} device(s) ({placement.num_nodes} node(s) x {placement.devices_per_node})"),
+        (f"step: {geometry.samples} samples = {geometry.prompts} prompts x group {geometry.group_size}; rollout: "
+         f"{geometry.rollout_workers} worker(s), {geometry.samples_per_rollout_call} samples per generate call; "
+         f"actor: {geometry.actor_ranks} rank(s), micro-batch {geometry.micro_batch_size}"),
+        "",
+    ]
+    swap = bool(cfg.cluster.enable_offload) and placement.is_collocated("actor", "rollout")
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for device in placement.used_devices:
+        groups.setdefault(placement.components_on(device), []).append(device)
+    warnings = []
+    for components, devices in groups.items():
+        where = f"device {format_devices(devices)}" if len(devices) == 1 else f"devices {format_devices(devices)}"
+        lines.append(f"{where}: {' + '.join(components)}"
+                     + (" (collocated; cluster.enable_offload swaps the idle model to host memory)" if swap else ""))
+        lines.append(f"  {'component':<10}{'part':<44}{'size':>12}  detail")
+        for component in components:
+            for part in plans[component].parts:
+                size = format_bytes(part.nbytes) if part.counted else f"({format_bytes(part.nbytes)})"
+                lines.append(f"  {component:<10}{part.name:<44}{size:>12}  {part.detail}")
+            plan = plans[component]
+            if component in RUNNING_COMPONENTS:
+                estimate = "excluded" if plan.activation_bytes is None else format_bytes(plan.activation_bytes)
+                detail = ("no estimate for a non-transformer denoiser" if plan.activation_bytes is None
+                          else plan.activation_detail)
+                lines.append(f"  {component:<10}{'activations (estimate)':<44}{estimate:>12}  {detail}")
+        peak, phase = device_peak(plans, components, swap=swap, concurrent=bool(cfg.runner.rollout_ahead))
+        lines.append(f"  {'peak (estimate)':<54}{format_bytes(peak):>12}  while {phase} runs")
+        if memory is None:
+            lines.append(f"  {'device memory':<54}{'unknown':>12}  no accelerator visible; pass --device-memory GIB")
+        else:
+            verdict = "fits" if peak <= memory.total_bytes else "DOES NOT FIT"
+            lines.append(f"  {'device memory':<54}{format_bytes(memory.total_bytes):>12}  {memory.name}: {verdict}")
+            if peak > memory.total_bytes:
+                warnings.append(
+                    f"WARNING: {where} need about {format_bytes(peak)} at peak but have "
+                    f"{format_bytes(memory.total_bytes)} ({memory.name}); try actor.strategy=fsdp2, "
+                    f"cluster.enable_offload=true, a smaller actor.micro_batch_size, gradient_checkpointing, or "
+                    f"separate devices for actor and rollout")
+        lines.append("")
+    lines.append("host memory per rollout worker per step (the rollout result, not on the device):")
+    for part in host_buffer_parts(sizes, geometry):
+        lines.append(f"  {part.name:<44}{format_bytes(part.nbytes):>12}  {part.detail}")
+    lines += ["", ACTIVATION_NOTE]
+    return lines + warnings
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlrunner.plan",
+        description="Print what each device of a recipe's placement will hold (from the model folder's config "
+                    "files; no weights are read) and whether it fits.",
+    )
+    parser.add_argument("config_name", help="recipe file stem (examples/diffusion/config/) or path to a .yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.model.model_path=/models/sd35m")
+    parser.add_argument("--device-memory", type=float, default=None, metavar="GIB",
+                        help="memory per device in GiB to compare against (default: the accelerator visible here)")
+    return parser.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_recipe(args.config_name, args.overrides, check_datasets=False)
+        folder = resolve_model_folder(cfg.actor.model.model_path, Path.cwd())
+        sizes = model_sizes(cfg.actor.model, folder)
+        placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
+                                    detect_devices_per_node(cfg.cluster))
+    except (RecipeError, ModelFolderError, ValueError) as err:
+        print(f"rlrunner: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    memory = (DeviceMemory("--device-memory", int(args.device_memory * 2**30)) if args.device_memory
+              else visible_device_memory())
+    geometry = step_geometry(cfg, placement)
+    print("\n".join(render(cfg, sizes, geometry, placement, args.config_name, memory)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

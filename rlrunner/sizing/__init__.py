@@ -1,0 +1,2 @@
+"""Memory and data-plane sizing from a model folder's config files alone (no weights read): ``rlrunner.plan``
+and ``bench/data_plane.py`` print what these modules compute."""

@@ -1,0 +1,302 @@
+"""What each component holds on its device, in bytes, for a recipe and a model folder's configs.
+
+The layout is the one the workers keep (after issue 14's data plane):
+
+* **actor** (one rank per actor device): denoiser base weights (sharded over the actor ranks with
+  ``actor.strategy: fsdp2``, which shards every block parameter, LoRA and optimizer state included), the
+  ``default`` and ``ema`` LoRA adapters in fp32, the ``default`` adapter's gradients and AdamW state
+  (``exp_avg`` and ``exp_avg_sq``, fp32), and one micro-batch of inputs; no text encoders, no VAE.
+* **rollout** (one worker per rollout device): a full denoiser replica with both adapters, the text encoders,
+  the VAE (fp32), and the tensors of one ``generate`` call (noise, x0, conditioning per sample).
+* **env**: the reward's OCR engine, not counted (PaddleOCR on a GPU holds a few hundred MB).
+
+Activation memory is a formula (see :func:`activation_bytes`), not a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlrunner.models import model_class
+from rlrunner.models.shapes import SampleShapes
+from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
+from rlrunner.utils.device import PRECISIONS
+
+DENOISER_NAMES = ("transformer", "unet")
+VAE_NAME = "vae"
+#: AdamW keeps two fp32 tensors per trainable parameter (exp_avg, exp_avg_sq)
+ADAMW_STATES = 2
+FP32 = torch.float32
+#: elements kept per token and hidden unit by one transformer block for backward (Korthikanti et al. 2022,
+#: "Reducing Activation Recomputation in Large Transformer Models": 34 s b h bytes in 16-bit = 17 elements,
+#: with memory-efficient attention, which drops their 5 a s^2 b term)
+TRAIN_ELEMENTS_PER_TOKEN = 17
+#: elements per token and hidden unit alive inside one block at inference: residual, q, k, v and the 4h MLP hidden
+INFERENCE_ELEMENTS_PER_TOKEN = 8
+
+
+def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``"1.50 KiB"`` (binary units)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_count(n: int) -> str:
+    """``2_243_000_000`` -> ``"2.24 B"``; ``18_800_000`` -> ``"18.8 M"``."""
+    for unit, size, digits in (("B", 1e9, 2), ("M", 1e6, 1), ("k", 1e3, 1)):
+        if n >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """Bytes of a model folder's parts at a recipe's precision, and the per-sample shapes of its family."""
+
+    dtype: torch.dtype
+    denoiser_bytes: int
+    denoiser_params: int
+    text_encoder_bytes: dict[str, int]
+    vae_bytes: int
+    lora_params: int  # one adapter
+    shapes: SampleShapes
+    hidden_size: int | None  # transformer width h (None: not a transformer, e.g. the tiny UNet)
+    num_layers: int | None
+
+    def cond_bytes(self, rows: int) -> int:
+        """Conditioning of ``rows`` samples (or prompts): every tensor of :attr:`SampleShapes.cond`."""
+        return sum(nbytes((rows, *shape), dtype or self.dtype) for shape, dtype in self.shapes.cond.values())
+
+    def latent_bytes(self, rows: int) -> int:
+        return nbytes((rows, *self.shapes.latent), FP32)
+
+    def pixel_bytes(self, rows: int) -> int:
+        return nbytes((rows, *self.shapes.pixels), torch.uint8)
+
+
+def resolve_model_folder(model_path: str, base_dir: Path) -> Path:
+    """The local folder of ``actor.model.model_path``; a hub id gets a one-line hint on fetching its configs."""
+    folder = base_dir / Path(model_path).expanduser()
+    if folder.is_dir():
+        return folder
+    if not model_path.startswith((".", "/", "~")) and model_path.count("/") == 1:
+        raise ModelFolderError(
+            f"actor.model.model_path={model_path!r} is a hub id; the plan reads a local folder. Fetch its configs "
+            f"only (`hf download {model_path} --include '*.json'`, or copy model_index.json and each component's "
+            f"config.json) and pass actor.model.model_path=<that folder>")
+    raise ModelFolderError(f"actor.model.model_path={model_path!r}: model folder {folder} does not exist")
+
+
+def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
+    """Build every component of ``folder`` on the meta device and size it at ``model_cfg.precision``.
+
+    The denoiser, text encoders and tiny encoders load in the recipe's precision, the VAE in fp32 (as
+    :meth:`FlowModel.from_diffusers` loads them); LoRA uses the family's targets and the recipe's rank/alpha.
+    """
+    family = model_class(model_cfg.model_type)
+    family_cfg = model_cfg[model_cfg.model_type]
+    index, components = read_components(folder)
+    configs = {name: component.config for name, component in components.items()} | {"model_index": index}
+    try:
+        shapes = family.sample_shapes(family_cfg, configs)
+    except KeyError as err:
+        raise ModelFolderError(f"{folder}: the component configs lack {err}; is it a {model_cfg.model_type} "
+                               f"model folder (model_index.json lists {sorted(components)})?") from None
+    denoiser_name = next((n for n in DENOISER_NAMES if n in components), None)
+    if denoiser_name is None or VAE_NAME not in components and model_cfg.model_type != "tiny":
+        raise ModelFolderError(f"{folder / 'model_index.json'} lists {sorted(components)}: no denoiser "
+                               f"({' or '.join(DENOISER_NAMES)}) or no {VAE_NAME}")
+    # the recipe's precision on an accelerator; a run pinned to the CPU computes in fp32 (resolve_dtype)
+    dtype = torch.float32 if model_cfg.device == "cpu" else PRECISIONS[model_cfg.precision]
+    denoiser = build_on_meta(components[denoiser_name])
+    config = components[denoiser_name].config
+    text_encoders = {name: module_bytes(build_on_meta(c, dtype), dtype) for name, c in components.items()
+                     if name not in (denoiser_name, VAE_NAME)}
+    heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
+    return ModelSizes(
+        dtype=dtype,
+        denoiser_bytes=module_bytes(denoiser, dtype),
+        denoiser_params=sum(p.numel() for p in denoiser.parameters()),
+        text_encoder_bytes=text_encoders,
+        vae_bytes=module_bytes(build_on_meta(components[VAE_NAME]), FP32) if VAE_NAME in components else 0,
+        lora_params=lora_parameter_count(denoiser, family.lora_target_modules, int(family_cfg.lora_rank),
+                                         int(family_cfg.lora_alpha)),
+        shapes=shapes,
+        hidden_size=heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else None,
+        num_layers=config.get("num_layers") if denoiser_name == "transformer" else None,
+    )
+
+
+@dataclass(frozen=True)
+class StepGeometry:
+    """Batch sizes of one training step, derived from the recipe (as the runner derives them)."""
+
+    samples: int  # N = env.train.total_num_envs x rollout_epoch
+    group_size: int
+    rollout_workers: int
+    actor_ranks: int
+    rollout_chunks: int  # the runner splits a step's prompts in 2 to overlap reward scoring with rollout
+    micro_batch_size: int
+    cfg_factor: int  # 2 when rollouts use classifier-free guidance (negative and conditional halves)
+    num_logged_samples: int
+
+    @property
+    def prompts(self) -> int:
+        return self.samples // self.group_size
+
+    @property
+    def samples_per_rollout_call(self) -> int:
+        """Samples one rollout worker generates in one ``generate`` call."""
+        return self.samples // self.rollout_chunks // self.rollout_workers
+
+
+def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
+    rollout_workers = placement.num_workers("rollout")
+    prompts = cfg.env.train.total_num_envs // cfg.algorithm.group_size * cfg.env.train.rollout_epoch
+    chunks = 2 if cfg.runner.async_reward and prompts % (2 * rollout_workers) == 0 else 1
+    family = cfg.actor.model[cfg.actor.model.model_type]
+    return StepGeometry(
+        samples=cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch, group_size=cfg.algorithm.group_size,
+        rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_chunks=chunks,
+        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if family.guidance_scale > 1 else 1,
+        num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
+    )
+
+
+@dataclass(frozen=True)
+class Part:
+    """One item a component holds on its device.
+
+    ``counted``: on the device at all (False for what waits in host memory); ``transient``: only while its
+    component runs (gradients, batches); ``swapped``: moves to host memory while the other collocated model
+    runs (``cluster.enable_offload``).
+    """
+
+    component: str
+    name: str
+    nbytes: int
+    detail: str = ""
+    counted: bool = True
+    transient: bool = False
+    swapped: bool = False
+
+
+@dataclass
+class ComponentPlan:
+    parts: list[Part] = field(default_factory=list)
+    activation_bytes: int | None = None  # None: no estimate for this denoiser
+    activation_detail: str = ""
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts if p.counted)
+
+
+def activation_bytes(sizes: ModelSizes, batch: int, *, training: bool, checkpointing: bool) -> int | None:
+    """Formula estimate of the denoiser's activation memory for ``batch`` samples; None without a transformer.
+
+    ``s`` = image tokens + text tokens per sample (joint attention in SD3 / Qwen-Image; an upper bound for
+    Wan's cross-attention), ``h`` = hidden size, ``L`` = blocks, elements of the model dtype:
+
+    * training with gradient checkpointing: ``L b s h`` (each block's input) + ``17 b s h`` (the block being
+      recomputed in backward); without it: ``17 L b s h``;
+    * inference (rollout): ``8 b s h`` (one block's residual, q, k, v and 4h MLP hidden at a time).
+
+    Excluded: the VAE decode (bounded by the family's decode batch), the text encoders' forward, allocator
+    fragmentation and the CUDA context (~0.5-1 GB per process).
+    """
+    if sizes.hidden_size is None or sizes.num_layers is None:
+        return None
+    tokens = batch * (sizes.shapes.image_tokens + sizes.shapes.text_tokens) * sizes.hidden_size
+    if not training:
+        elements = INFERENCE_ELEMENTS_PER_TOKEN * tokens
+    elif checkpointing:
+        elements = (sizes.num_layers + TRAIN_ELEMENTS_PER_TOKEN) * tokens
+    else:
+        elements = TRAIN_ELEMENTS_PER_TOKEN * sizes.num_layers * tokens
+    return elements * sizes.dtype.itemsize
+
+
+def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpointing: bool) -> ComponentPlan:
+    """One actor rank: denoiser + 2 adapters + gradients + AdamW state + one micro-batch (no text encoders, no VAE)."""
+    shards = geometry.actor_ranks if strategy == "fsdp2" else 1
+    per_rank = f" / {shards} ranks (fsdp2)" if shards > 1 else ""
+    lora = sizes.lora_params * FP32.itemsize // shards
+    mb = geometry.micro_batch_size
+    plan = ComponentPlan([
+        Part("actor", "denoiser base weights", sizes.denoiser_bytes // shards,
+             f"{format_count(sizes.denoiser_params)} params, {_dtype_name(sizes.dtype)}{per_rank}", swapped=True),
+        Part("actor", "LoRA adapter default (trained)", lora, f"{format_count(sizes.lora_params)} params fp32{per_rank}",
+             swapped=True),
+        Part("actor", "LoRA adapter ema", lora, "same shapes as default", swapped=True),
+        Part("actor", "LoRA gradients", lora, "fp32, default adapter only", transient=True),
+        Part("actor", "AdamW state", ADAMW_STATES * lora, "exp_avg + exp_avg_sq, fp32", swapped=True),
+        Part("actor", "micro-batch inputs", 2 * sizes.latent_bytes(mb) + sizes.cond_bytes(mb),
+             f"x0 + x_t fp32 and conditioning for {mb} samples", transient=True),
+    ])
+    if shards > 1 and sizes.num_layers:
+        plan.parts.append(Part("actor", "fsdp2 all-gathered blocks", 2 * sizes.denoiser_bytes // sizes.num_layers,
+                               "two unsharded blocks at a time (current + prefetch)", transient=True))
+    plan.activation_bytes = activation_bytes(sizes, mb, training=True, checkpointing=checkpointing)
+    plan.activation_detail = (f"training, micro-batch {mb}, gradient checkpointing "
+                              f"{'on' if checkpointing else 'off'}")
+    return plan
+
+
+def rollout_plan(sizes: ModelSizes, geometry: StepGeometry, family_cfg: Any) -> ComponentPlan:
+    """One rollout worker: denoiser + 2 adapters + text encoders + VAE + one ``generate`` call's tensors."""
+    lora = sizes.lora_params * FP32.itemsize
+    n = geometry.samples_per_rollout_call
+    offload_te, offload_vae = bool(family_cfg.offload_text_encoder), bool(family_cfg.offload_vae)
+    plan = ComponentPlan([
+        Part("rollout", "denoiser base weights", sizes.denoiser_bytes,
+             f"{format_count(sizes.denoiser_params)} params, {_dtype_name(sizes.dtype)}, full replica", swapped=True),
+        Part("rollout", "LoRA adapters default + ema", 2 * lora, "fp32", swapped=True),
+    ])
+    # offloaded encoders / VAE visit the device while the rollout runs: counted in its phase (a slight
+    # overestimate: encoding, sampling and decoding do not overlap)
+    for name, size in sizes.text_encoder_bytes.items():
+        where = "host memory; on the device only while encoding" if offload_te else _dtype_name(sizes.dtype)
+        plan.parts.append(Part("rollout", f"text encoder {name}", size, where, transient=offload_te))
+    if sizes.vae_bytes:
+        where = "host memory; on the device only while decoding" if offload_vae else "fp32"
+        plan.parts.append(Part("rollout", "VAE", sizes.vae_bytes, where, transient=offload_vae))
+    plan.parts.append(Part("rollout", "generate call: noise + x0 + conditioning",
+                           2 * sizes.latent_bytes(n) + sizes.cond_bytes(n * geometry.cfg_factor),
+                           f"{n} samples per call (fp32 latents, conditioning per sample)", transient=True))
+    plan.activation_bytes = activation_bytes(sizes, n * geometry.cfg_factor, training=False, checkpointing=False)
+    plan.activation_detail = f"sampling, {n * geometry.cfg_factor} samples per denoiser call"
+    return plan
+
+
+def env_plan() -> ComponentPlan:
+    return ComponentPlan([Part("env", "OCR engine", 0, "not counted (PaddleOCR on a GPU: a few hundred MB)",
+                               counted=False)])
+
+
+def host_buffer_parts(sizes: ModelSizes, geometry: StepGeometry) -> list[Part]:
+    """One step's rollout result per rollout worker (host memory of its node; tensors return as CPU tensors)."""
+    rows = geometry.samples // geometry.rollout_workers
+    prompts = geometry.prompts // geometry.rollout_workers
+    return [
+        Part("rollout", "x0", sizes.latent_bytes(rows), f"[{rows}, {', '.join(map(str, sizes.shapes.latent))}] fp32"),
+        Part("rollout", "conditioning, once per prompt", sizes.cond_bytes(prompts),
+             f"{prompts} rows (repeated per sample it would be {format_bytes(sizes.cond_bytes(rows))})"),
+        Part("rollout", "decoded pixels", sizes.pixel_bytes(rows),
+             f"[{rows}, {', '.join(map(str, sizes.shapes.pixels))}] uint8"),
+    ]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in PRECISIONS.items()}[dtype]
