@@ -29,7 +29,7 @@ from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
-from rlrunner.rewards import RewardOutput
+from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker
@@ -82,6 +82,7 @@ class Runner:
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
+        self.reward_failures_in_a_row = 0
         # collocated actor and rollout take turns on the device when the recipe asks for offloading
         self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
@@ -120,6 +121,7 @@ class Runner:
         timer = StepTimer()
         with timer("step"):
             rollout, reward = self.train_rollout(timer)
+            self.check_reward_failure(reward)
             with timer("advantages"):
                 advantages = self.advantages(torch.from_numpy(reward.avg))
             if self.cfg.runner.rollout_ahead and self.step + 1 < self.max_steps:
@@ -210,6 +212,14 @@ class Runner:
     def collect_reward(self, tickets: list[int]) -> RewardOutput:
         return RewardOutput.concat(self.env.scatter("collect", [(t,) for t in tickets]))
 
+    def check_reward_failure(self, reward: RewardOutput) -> None:
+        """Stop after ``runner.max_reward_error_steps`` steps in a row in which no sample could be scored."""
+        self.reward_failures_in_a_row = self.reward_failures_in_a_row + 1 if reward.failure else 0
+        limit = self.cfg.runner.max_reward_error_steps
+        if self.reward_failures_in_a_row >= limit:
+            raise RewardUnavailable(f"no training sample could be scored in {limit} step(s) in a row "
+                                    f"(runner.max_reward_error_steps={limit}): {reward.failure}")
+
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """Group-relative advantages; ``reward_signal`` none/shuffle are control runs without a real signal."""
         alg = self.cfg.algorithm
@@ -292,6 +302,7 @@ class Runner:
         root = self.log_dir / "checkpoints"
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
                  "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                 "reward_failures_in_a_row": self.reward_failures_in_a_row,
                  # a rollout started ahead is replayed on resume: its prompts and the adapters that sampled it
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
@@ -313,6 +324,7 @@ class Runner:
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]
         self.nonfinite_in_a_row = ckpt["runner"]["nonfinite_in_a_row"]
+        self.reward_failures_in_a_row = ckpt["runner"].get("reward_failures_in_a_row", 0)
         ahead = ckpt["runner"].get("ahead")
         if ahead is not None:
             self.rollout.call("sync_weights", ahead["adapters"])

@@ -17,6 +17,7 @@ from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_
 
 EXIT_USER_ERROR = 2
 EXIT_WORKER_FAILED = 1
+EXIT_REWARD_UNAVAILABLE = 3
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rlrunner.checkpoint import CheckpointError
     from rlrunner.cluster import PlacementError, WorkerError
+    from rlrunner.rewards import RewardUnavailable
     from rlrunner.runner import run
 
     try:
@@ -90,7 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, CheckpointError, PlacementError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except RewardUnavailable as err:  # no sample could be scored for runner.max_reward_error_steps steps
+        print(f"rlrunner: error: {err}", file=sys.stderr)
+        return EXIT_REWARD_UNAVAILABLE
     except WorkerError as err:
+        if RewardUnavailable.__name__ in err.what:  # a required reward service is down at start: one line says it
+            print(f"rlrunner: error: {err.summary}", file=sys.stderr)
+            return EXIT_REWARD_UNAVAILABLE
         if err.detail:  # the worker's own traceback, or Ray's account of how its process ended
             print(err.detail.rstrip(), file=sys.stderr)
         print(f"rlrunner: error: {err.summary}; all workers stopped (runner.resume_dir=auto resumes from the "

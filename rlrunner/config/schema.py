@@ -63,6 +63,9 @@ class RunnerConfig:
     rollout_ahead: bool = False
     # this many non-finite losses in a row abort the run
     max_nonfinite_steps: int = 3
+    # this many steps in a row in which no training sample could be scored (OCR engine failing on every image, a
+    # required reward service down) stop the run with one line saying why
+    max_reward_error_steps: int = 3
     seed: int = 42
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
@@ -109,7 +112,7 @@ class DatasetConfig:
 @dataclass
 class RewardConfig:
     type: str = "single"  # single | multi
-    model: str = "ocr"  # ocr | video_ocr | image_stats | jpeg_compressibility
+    model: str = "ocr"  # ocr | video_ocr | image_stats | jpeg_compressibility | remote | vlm_ocr
     key: str = "ocr"
     engine: str = "auto"  # auto | rapidocr | paddleocr
     use_gpu: bool = False
@@ -121,6 +124,19 @@ class RewardConfig:
     weight: float = 1.0
     alphabet: str = ""  # keep only these characters of the recognised text before scoring
     rewards: list[Any] = field(default_factory=list)  # parts of a multi reward
+    # model: remote -- a reward server (python -m rlrunner.serve_reward), e.g. http://127.0.0.1:8000
+    url: str = ""
+    token_file: str = ""  # file with the server's bearer token ("" = none; the server needs one off loopback)
+    # model: vlm_ocr -- an OpenAI-compatible endpoint (vLLM: http://HOST:PORT/v1) and its model name
+    base_url: str = ""
+    served_model: str = ""
+    api_key_file: str = ""  # file with the endpoint's API key ("" = none)
+    # remote and vlm_ocr: seconds per attempt, retries of transient failures (exponential backoff with jitter),
+    # requests in flight; required: false scores failed samples 0 (counted in env/reward_errors) and trains on
+    timeout_s: float = 60.0
+    max_retries: int = 3
+    max_concurrency: int = 4
+    required: bool = True
 
 
 @dataclass

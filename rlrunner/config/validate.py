@@ -11,8 +11,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 COMPONENTS = ("actor", "rollout", "env")
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -31,6 +32,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "env.eval.dataset.type": ("ocr",),
 }
 ADVANTAGE_MODES = {"grpo": ("group", "global", "none"), "grpo_video": ("video", "frame")}
+# reward keys that a reward model cannot do without, and the keys that hold URLs or files (checked when set)
+REWARD_NEEDS = {"remote": ("url",), "vlm_ocr": ("base_url", "served_model")}
+REWARD_URL_KEYS = ("url", "base_url")
+REWARD_FILE_KEYS = ("token_file", "api_key_file")
 
 
 def _fail(message: str) -> None:
@@ -127,6 +132,36 @@ def _check_env(cfg: DictConfig, split: str, base_dir: Path, check_datasets: bool
               f"{sorted(p.name for p in path.glob('*.txt')) or 'no .txt files'}{hint}")
 
 
+def _check_reward(cfg: DictConfig, split: str, base_dir: Path) -> None:
+    """The reward (each part of a multi reward, with the keys it inherits): model name, service keys, ranges."""
+    from rlrunner.rewards import REWARDS
+
+    reward = OmegaConf.to_container(cfg.env[split].reward, resolve=True)
+    prefix = f"env.{split}.reward"
+    parts = [(prefix, reward)]
+    if reward["type"] == "multi":
+        parts = [(f"{prefix}.rewards[{i}]", {**reward, **part}) for i, part in enumerate(reward["rewards"])
+                 if isinstance(part, dict)]
+    for key, part in parts:
+        _check_choice(f"{key}.model", part.get("model"), sorted(REWARDS))
+        for needed in REWARD_NEEDS.get(part["model"], ()):
+            if not part.get(needed):
+                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards as a "
+                      f"service)")
+        for url_key in REWARD_URL_KEYS:
+            url = urlsplit(str(part.get(url_key) or ""))
+            if part.get(url_key) and (url.scheme not in ("http", "https") or not url.hostname):
+                _fail(f"{key}.{url_key}={part[url_key]!r} is not an http(s) URL; e.g. http://127.0.0.1:8000")
+        for file_key in REWARD_FILE_KEYS:
+            if part.get(file_key) and not (base_dir / Path(part[file_key]).expanduser()).is_file():
+                _fail(f"{key}.{file_key}={part[file_key]!r} does not exist (relative paths are taken from {base_dir})")
+        if not part["timeout_s"] > 0:
+            _fail(f"{key}.timeout_s={part['timeout_s']} must be > 0 (seconds per request attempt)")
+        if part["max_retries"] < 0 or part["max_concurrency"] < 1:
+            _fail(f"{key}.max_retries={part['max_retries']} must be >= 0 and {key}.max_concurrency="
+                  f"{part['max_concurrency']} >= 1")
+
+
 def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:
     actor = cfg.actor
     step = actor.micro_batch_size * num_actor_workers
@@ -158,6 +193,9 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_family(cfg, base_dir)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)
+    for split in ("train", "eval"):
+        _check_reward(cfg, split, base_dir)
+    _check_positive(cfg, "runner.max_reward_error_steps")
     _check_positive(cfg, "actor.micro_batch_size", "actor.global_batch_size", "algorithm.group_size")
     if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
         _fail("set runner.max_steps or runner.max_epochs to a positive number")

@@ -6,18 +6,30 @@
     with AsyncRewardScorer(reward, num_workers=cfg.env.train.reward.num_workers) as scorer:
         future = scorer.submit(images, prompts)
 
-Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility`` (``reward.model``); types ``single`` and ``multi``
+Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility``, and the HTTP clients ``remote``
+(a reward server, ``python -m rlrunner.serve_reward``) and ``vlm_ocr`` (``reward.model``); types ``single`` and ``multi``
 (``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``).
 """
 
-from . import image_stats, multi, ocr, video_ocr  # noqa: F401  (modules register themselves)
-from .base import REWARD_TYPES, REWARDS, Reward, RewardOutput, RewardSpec, build_reward, register_reward
+from . import image_stats, multi, ocr, remote, video_ocr, vlm_ocr  # noqa: F401  (modules register themselves)
+from .base import (
+    REWARD_TYPES,
+    REWARDS,
+    Reward,
+    RewardOutput,
+    RewardSpec,
+    RewardUnavailable,
+    build_reward,
+    register_reward,
+)
 from .engines import ENGINES, OcrEngine, build_engine, installed_engines, register_engine
 from .image_stats import ImageStatsReward, JpegCompressibilityReward, PixelReward
 from .multi import MultiReward
 from .ocr import OcrReward, extract_target, ocr_score
+from .remote import RemoteReward
 from .scorer import AsyncRewardScorer
 from .video_ocr import VideoOcrReward, chunk_frame_scores, num_chunks
+from .vlm_ocr import VlmOcrReward
 
 __all__ = [
     "ENGINES",
@@ -30,10 +42,13 @@ __all__ = [
     "OcrEngine",
     "OcrReward",
     "PixelReward",
+    "RemoteReward",
     "Reward",
     "RewardOutput",
     "RewardSpec",
+    "RewardUnavailable",
     "VideoOcrReward",
+    "VlmOcrReward",
     "build_engine",
     "build_reward",
     "chunk_frame_scores",

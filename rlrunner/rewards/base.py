@@ -40,12 +40,16 @@ class RewardOutput:
         errors: number of images (video: frames) scored 0 because of bad input or an engine failure.
         extra: logging material, e.g. ``texts`` (recognised text per image), ``frame_scores`` ``[B, F]``,
             ``error_mask`` (bool ``[B]`` or ``[B, F]``), ``error_reasons`` (reason -> count).
+        failure: empty unless no sample of the batch could be scored (every image erred, or a required reward
+            service failed for all of them); then one line saying why. The runner stops after
+            ``runner.max_reward_error_steps`` such steps in a row.
     """
 
     avg: np.ndarray
     parts: dict[str, np.ndarray] = field(default_factory=dict)
     errors: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    failure: str = ""
 
     @staticmethod
     def concat(outputs: list[RewardOutput]) -> RewardOutput:
@@ -75,6 +79,7 @@ class RewardOutput:
             },
             errors=sum(o.errors for o in outputs),
             extra=extra,
+            failure=outputs[-1].failure if all(o.failure for o in outputs) else "",
         )
 
 
@@ -107,6 +112,16 @@ class RewardSpec:
     alphabet: str = ""
     rewards: tuple[Mapping[str, Any], ...] = ()
     key: str = "ocr"  # RLinf's name for the reward's output key; accepted, unused
+    # reward services (``remote``, ``vlm_ocr``; rewards/service.py)
+    url: str = ""
+    token_file: str = ""
+    base_url: str = ""
+    served_model: str = ""
+    api_key_file: str = ""
+    timeout_s: float = 60.0
+    max_retries: int = 3
+    max_concurrency: int = 4
+    required: bool = True
 
     @classmethod
     def from_cfg(cls, cfg: Any, strict: bool = False) -> RewardSpec:
@@ -136,6 +151,12 @@ class RewardSpec:
             raise ValueError(f"reward.num_workers must be >= 1, got {self.num_workers}")
         if not np.isfinite(self.weight) or self.weight < 0:
             raise ValueError(f"reward.weight must be a finite number >= 0, got {self.weight}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"reward.timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_retries < 0:
+            raise ValueError(f"reward.max_retries must be >= 0, got {self.max_retries}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"reward.max_concurrency must be >= 1, got {self.max_concurrency}")
 
     def child(self, part: Mapping[str, Any]) -> RewardSpec:
         """The spec of one ``multi`` part: the parent's keys overridden by the part's own."""
@@ -207,6 +228,10 @@ class Reward(ABC):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._log_lock = threading.Lock()
+
+
+class RewardUnavailable(RuntimeError):
+    """A required reward cannot score at all (its service is unreachable or refuses us); the message is one line."""
 
 
 RewardBuilder = Callable[[RewardSpec], Reward]
@@ -316,6 +341,13 @@ def error_summary(reasons: list[str | None]) -> tuple[np.ndarray, dict[str, int]
             key = reason_key(r)
             counts[key] = counts.get(key, 0) + 1
     return mask, counts
+
+
+def all_failed(reasons: list[str | None]) -> str:
+    """``RewardOutput.failure`` for per-image ``reasons``: empty unless every image has one."""
+    if not reasons or any(r is None for r in reasons):
+        return ""
+    return f"all {len(reasons)} images were unscorable; the last one: {reasons[-1]}"
 
 
 def reason_key(reason: str) -> str:

@@ -28,7 +28,17 @@ from abc import abstractmethod
 import numpy as np
 from PIL import Image
 
-from .base import Reward, RewardOutput, RewardSpec, as_uint8, check_prompts, error_summary, reason_key, register_reward
+from .base import (
+    Reward,
+    RewardOutput,
+    RewardSpec,
+    all_failed,
+    as_uint8,
+    check_prompts,
+    error_summary,
+    reason_key,
+    register_reward,
+)
 from .video_ocr import chunk_frame_scores
 
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
@@ -81,10 +91,11 @@ class PixelReward(Reward):
             mask = mask.reshape(-1, frames)
         else:
             avg, part = scores, scores.copy()
-        extra = {"error_mask": mask, "error_reasons": counts}
+        extra = {"error_mask": mask, "error_reasons": counts, "image_errors": reasons}
         if video:
             extra["frame_scores"] = scores
-        return RewardOutput(avg=avg, parts={self.name: part}, errors=int(mask.sum()), extra=extra)
+        return RewardOutput(avg=avg, parts={self.name: part}, errors=int(mask.sum()), extra=extra,
+                            failure=all_failed(reasons))
 
 
 @register_reward("image_stats")

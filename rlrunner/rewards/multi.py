@@ -79,6 +79,9 @@ class MultiReward(Reward):
         extra["error_reasons"] = _sum_counts(
             [{f"{n}/{k}": v for k, v in o.extra.get("error_reasons", {}).items()} for n, o in zip(self.names, outs)]
         )
+        # one part that cannot score makes the weighted mean meaningless
+        failure = "; ".join(f"{name}: {o.failure}" for name, o in zip(self.names, outs) if o.failure)
         return RewardOutput(
-            avg=(total / sum(self.weights)).astype(np.float32), parts=parts, errors=errors, extra=extra
+            avg=(total / sum(self.weights)).astype(np.float32), parts=parts, errors=errors, extra=extra,
+            failure=failure,
         )

@@ -20,6 +20,7 @@ from .base import (
     Reward,
     RewardOutput,
     RewardSpec,
+    all_failed,
     as_uint8,
     check_prompts,
     error_summary,
@@ -69,6 +70,17 @@ def ocr_score(recognized_text: str, prompt: str) -> float:
     return 1.0 - dist / len(target)
 
 
+def unscorable(images: np.ndarray, prompts: list[str], reasons: list[str | None]) -> list[str | None]:
+    """``reasons`` (one per image of uint8 ``[N, H, W, 3]``) plus empty targets and blank images, which score 0."""
+    reasons = list(reasons)
+    for i, (image, prompt) in enumerate(zip(images, prompts)):
+        if reasons[i] is None and not normalize_text(extract_target(prompt)):
+            reasons[i] = f"empty target text (prompt {prompt[:60]!r})"
+        elif reasons[i] is None and is_blank(image):
+            reasons[i] = "blank image (all pixels the same colour)"
+    return reasons
+
+
 class EnginePool:
     """Engines for concurrent callers: each call borrows one, a new one is built when all are busy.
 
@@ -112,7 +124,8 @@ class OcrReward(Reward):
 
     Call with uint8 images ``[B, H, W, 3]`` (or float in [0, 1]) and ``B`` prompts; returns ``avg`` float32 ``[B]``,
     ``parts["ocr"]`` (same), ``extra["texts"]`` (recognised text per image, after the alphabet filter),
-    ``extra["targets"]``, ``extra["error_mask"]`` bool ``[B]`` and ``extra["error_reasons"]``.
+    ``extra["targets"]``, ``extra["error_mask"]`` bool ``[B]``, ``extra["error_reasons"]`` and
+    ``extra["image_errors"]`` (why each image scored 0, or None).
 
     Config keys used: ``engine``, ``use_gpu``, ``lang``, ``rec_only`` (each image is one text line: recognition
     only, no detector), ``batch_size`` (images per engine call), ``num_workers`` (sizes inference threads),
@@ -139,7 +152,9 @@ class OcrReward(Reward):
                 "targets": [extract_target(p) for p in prompts],
                 "error_mask": mask,
                 "error_reasons": counts,
+                "image_errors": reasons,
             },
+            failure=all_failed(reasons),
         )
 
     def score_images(
@@ -150,12 +165,7 @@ class OcrReward(Reward):
         ``reasons[i]`` not None means image ``i`` is already known to be unscorable. Returns float32 scores ``[N]``,
         recognised texts (N) and the updated reasons; every image with a reason scores 0.
         """
-        reasons = list(reasons)
-        for i, (image, prompt) in enumerate(zip(images, prompts)):
-            if reasons[i] is None and not normalize_text(extract_target(prompt)):
-                reasons[i] = f"empty target text (prompt {prompt[:60]!r})"
-            elif reasons[i] is None and is_blank(image):
-                reasons[i] = "blank image (all pixels the same colour)"
+        reasons = unscorable(images, prompts, reasons)
         todo = [i for i, r in enumerate(reasons) if r is None]
         texts = [""] * len(images)
         for start in range(0, len(todo), self.spec.batch_size):

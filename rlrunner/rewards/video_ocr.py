@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .base import RewardOutput, as_uint8, check_prompts, error_summary, register_reward
+from .base import RewardOutput, all_failed, as_uint8, check_prompts, error_summary, register_reward
 from .ocr import OcrReward, extract_target
 
 
@@ -71,4 +71,5 @@ class VideoOcrReward(OcrReward):
                 "error_mask": mask.reshape(batch, num_frames),
                 "error_reasons": counts,
             },
+            failure=all_failed(reasons),
         )

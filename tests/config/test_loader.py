@@ -99,6 +99,17 @@ def test_wrong_type_names_key_value_and_type(recipe_dir):
         (["actor.model.tiny.num_frames=4"], r"num_frames=4 must be 4k\+1"),
         (["runner.max_steps=-1"], r"runner.max_steps or runner.max_epochs"),
         (["algorithm.nft_timesteps_per_sample=0"], r"algorithm.nft_timesteps_per_sample=0 must be positive"),
+        (["env.eval.reward.model=remot"], r"env.eval.reward.model='remot' is not valid \(did you mean 'remote'"),
+        (["env.train.reward.model=remote"], r"env.train.reward.url is empty; reward.model=remote needs it"),
+        (["env.train.reward.model=remote", "env.train.reward.url=127.0.0.1:8000"],
+         r"env.train.reward.url='127.0.0.1:8000' is not an http\(s\) URL"),
+        (["env.train.reward.model=remote", "env.train.reward.url=http://h:1", "env.train.reward.token_file=no.key"],
+         r"env.train.reward.token_file='no.key' does not exist"),
+        (["env.train.reward.type=multi", "env.train.reward.rewards=[{model: ocr}, {model: vlm_ocr}]"],
+         r"env.train.reward.rewards\[1\].base_url is empty; reward.model=vlm_ocr needs it"),
+        (["env.train.reward.timeout_s=0"], r"env.train.reward.timeout_s=0.0 must be > 0"),
+        (["env.train.reward.max_concurrency=0"], r"env.train.reward.max_concurrency=0 >= 1"),
+        (["runner.max_reward_error_steps=0"], r"runner.max_reward_error_steps=0 must be positive"),
     ],
 )
 def test_contradictions_are_rejected_with_one_line(recipe_dir, overrides, message):
