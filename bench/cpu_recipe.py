@@ -1,8 +1,8 @@
 """Time per phase and reward gained per minute of the CPU recipe (tiny model, OCR reward).
 
-    python bench/cpu_recipe.py                      # runs the default recipe (~15 min on 2 cores), then reports
-    python bench/cpu_recipe.py --run-dir logs/<run> # reports on a finished run of run_diffusion.sh
-    python bench/cpu_recipe.py runner.max_steps=10  # a shorter run (dotted overrides as for the launcher)
+    .venv/bin/python bench/cpu_recipe.py                      # runs the default recipe (~15 min on 2 cores), then reports
+    .venv/bin/python bench/cpu_recipe.py --run-dir logs/<run> # reports on a finished run of run_diffusion.sh
+    .venv/bin/python bench/cpu_recipe.py runner.max_steps=10  # a shorter run (dotted overrides as for the launcher)
 
 Prints the median seconds per step of rollout / OCR (waiting for rewards) / train / EMA / sync, the held-out OCR
 reward before and after training with the chance level beside it, and held-out reward gained per minute of

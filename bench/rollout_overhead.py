@@ -4,8 +4,8 @@ Both paths run the same transformer (with the EMA LoRA adapter active), the same
 precomputed prompt embeddings and starting noise, without CFG, and return latents (no text encoding, no VAE):
 what differs is only the loop around the transformer. The ratio ``ours / diffusers`` should be <= 1.05.
 
-    python bench/rollout_overhead.py                      # tiny random pipelines of every family, on CPU
-    python bench/rollout_overhead.py --family sd3 --model-path stabilityai/stable-diffusion-3.5-medium \\
+    .venv/bin/python bench/rollout_overhead.py                      # tiny random pipelines of every family, on CPU
+    .venv/bin/python bench/rollout_overhead.py --family sd3 --model-path stabilityai/stable-diffusion-3.5-medium \\
         --resolution 512 --steps 10 --batch 8 --precision bf16          # a real checkpoint on a GPU
 """
 

@@ -1,6 +1,6 @@
 """Where a training step's time goes, with reward scoring overlapped with the rollout and without.
 
-    python bench/step_breakdown.py [--steps 4] [key=value ...]
+    .venv/bin/python bench/step_breakdown.py [--steps 4] [key=value ...]
 
 Runs the default recipe (tiny model, real OCR reward, in-process workers) for a few steps twice —
 ``runner.async_reward=true`` then ``false`` — and prints the median seconds per phase and:
@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing rlrunner
 from rlrunner.cluster import create_cluster
 from rlrunner.config.loader import load_recipe
 from rlrunner.runner import Runner

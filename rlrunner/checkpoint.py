@@ -74,15 +74,23 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def latest_checkpoint(log_root: Path, run_name: str) -> Path | None:
+    """The newest complete checkpoint of any run named ``*-<run_name>`` under ``log_root``; None if there is none."""
+    candidates = [c for run in log_root.glob(f"*-{run_name}") for c in complete_checkpoints(run / "checkpoints")]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: (json.loads((p / MANIFEST).read_text())["created"], p.stat().st_mtime))
+
+
 def resolve_resume_dir(resume_dir: str, log_root: Path, run_name: str) -> Path:
-    """``global_step_N`` dir as given; a run's log dir → its newest checkpoint; ``auto`` → the newest complete
-    checkpoint of any run named ``*-<run_name>`` under ``log_root``."""
+    """``global_step_N`` dir as given; a run's log dir → its newest checkpoint; ``auto`` → :func:`latest_checkpoint`
+    (an error when there is none: the runner checks for that case itself and starts from scratch)."""
     if resume_dir == "auto":
-        candidates = [c for run in log_root.glob(f"*-{run_name}") for c in complete_checkpoints(run / "checkpoints")]
-        if not candidates:
+        latest = latest_checkpoint(log_root, run_name)
+        if latest is None:
             raise CheckpointError(f"runner.resume_dir=auto: no complete checkpoint under {log_root}/*-{run_name}/"
                                   f"checkpoints")
-        return max(candidates, key=lambda p: (json.loads((p / MANIFEST).read_text())["created"], p.stat().st_mtime))
+        return latest
     path = Path(resume_dir).expanduser()
     if not path.exists():
         raise CheckpointError(f"runner.resume_dir={resume_dir!r} does not exist")

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import load_checkpoint, resolve_resume_dir, save_checkpoint
+from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint
 from rlrunner.cluster import create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
@@ -316,8 +316,13 @@ class Runner:
         return path
 
     def resume(self, resume_dir: str) -> None:
-        log_root = Path(self.cfg.runner.logger.log_path)
-        path = resolve_resume_dir(resume_dir, log_root, self.log_dir.name.split("-", 2)[-1])
+        log_root, run_name = Path(self.cfg.runner.logger.log_path), self.log_dir.name.split("-", 2)[-1]
+        if resume_dir == "auto" and latest_checkpoint(log_root, run_name) is None:
+            # the same command line is re-issued after every preemption, also one that struck before the first save
+            logger.warning("runner.resume_dir=auto: no complete checkpoint under %s/*-%s/checkpoints yet; starting "
+                           "from scratch", log_root, run_name)
+            return
+        path = resolve_resume_dir(resume_dir, log_root, run_name)
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
         self.actor.scatter("load_state_dict", [(state,) for state in ckpt["actor"]])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])

@@ -158,6 +158,17 @@ def test_mismatched_or_partial_checkpoints_are_rejected_by_name(uninterrupted, t
              "actor.model.tiny.lora_alpha=4", f"runner.resume_dir={ckpt}")
 
 
+def test_auto_resume_without_a_checkpoint_starts_from_scratch(uninterrupted, tmp_path, caplog):
+    """A run preempted before its first save is re-issued with the same command line and starts over."""
+    with caplog.at_level(logging.WARNING, logger="rlrunner"):
+        fresh = _run(tmp_path, "20260101-000000-preempted", "runner.max_steps=2", "runner.resume_dir=auto")
+    assert "no complete checkpoint" in caplog.text and "starting from scratch" in caplog.text
+    full = [m["env/avg"] for m in train_metrics(uninterrupted)[:2]]
+    assert [m["env/avg"] for m in train_metrics(fresh)] == full
+    with pytest.raises(CheckpointError, match=r"runner.resume_dir='.*nowhere' does not exist"):
+        _run(tmp_path, "20260101-000001-preempted", "runner.max_steps=2", f"runner.resume_dir={tmp_path / 'nowhere'}")
+
+
 def test_keep_last_n_prunes_old_checkpoints(tmp_path):
     for step in range(1, 5):
         save_checkpoint(tmp_path, step, runner_state={"step": step}, actor_states=[{}], config_yaml="",

@@ -22,16 +22,23 @@ def launch(*args: str, log_root: Path, timeout: int = 300) -> subprocess.Complet
                           timeout=timeout)
 
 
-def test_dry_run_creates_log_dir_with_command_and_resolved_config(tmp_path):
+def test_dry_run_prints_the_resolved_recipe_and_creates_no_log_dir(tmp_path):
     result = launch("tiny_nft_ocr", "actor.optim.lr=1e-4", "--dry-run", "runner.max_steps=3", log_root=tmp_path)
     assert result.returncode == 0, result.stderr
-    (run_dir,) = tmp_path.iterdir()
-    assert run_dir.name.endswith("-tiny_nft_ocr")
-    assert "actor.optim.lr=1e-4" in (run_dir / "command.txt").read_text()
-    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    resolved = yaml.safe_load(result.stdout)
     assert resolved["actor"]["optim"]["lr"] == 1e-4 and resolved["runner"]["max_steps"] == 3
-    assert "is valid (dry run" in (run_dir / "console.log").read_text()
-    assert yaml.safe_load(result.stdout)["algorithm"]["group_size"] == resolved["algorithm"]["group_size"]
+    assert "is valid (dry run" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_help_shows_the_launchers_usage_and_lists_recipes(tmp_path):
+    result = launch("--help", log_root=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: bash examples/diffusion/run_diffusion.sh")
+    recipes = sorted(p.stem for p in (ROOT / "examples/diffusion/config").glob("*.yaml"))
+    listed = [line.split()[0] for line in result.stdout.split("recipes:")[1].splitlines() if line.strip()]
+    assert listed == recipes
+    assert not any(tmp_path.iterdir())
 
 
 def test_unknown_recipe_lists_available_ones(tmp_path):
