@@ -41,8 +41,11 @@ ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 
 
 def _split(items: list, parts: int) -> list[list]:
-    size = len(items) // parts
-    return [items[i * size:(i + 1) * size] for i in range(parts)]
+    """``parts`` consecutive shares of ``items``, as equal as they can be (the first ``len % parts`` get one more):
+    nothing is dropped, e.g. 10 held-out prompts on 3 rollout workers are shared 4, 3, 3."""
+    size, extra = divmod(len(items), parts)
+    bounds = np.cumsum([0] + [size + (i < extra) for i in range(parts)]).tolist()
+    return [items[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
@@ -291,7 +294,7 @@ class Runner:
         per_sample = reward.avg.reshape(len(reward.avg), -1).mean(axis=1)
         self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step)
         if images.ndim == 5:
-            video_cfg = self.cfg.env.train.video_cfg
+            video_cfg = self.cfg.env["eval" if tag.startswith("eval") else "train"].video_cfg
             out_dir = None
             if video_cfg.save_video:
                 out_dir = Path(video_cfg.video_base_dir) if video_cfg.video_base_dir else self.log_dir / "videos"

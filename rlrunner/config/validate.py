@@ -181,6 +181,7 @@ def check_placement(cfg: DictConfig, placement: Any) -> None:
     if prompts_per_epoch % placement.num_workers("rollout"):
         _fail(f"env.train.total_num_envs / algorithm.group_size = {prompts_per_epoch} prompts per rollout epoch "
               f"cannot be shared evenly by {placement.num_workers('rollout')} rollout workers")
-    if cfg.env.eval.total_num_envs % placement.num_workers("rollout"):
-        _fail(f"env.eval.total_num_envs={cfg.env.eval.total_num_envs} cannot be shared evenly by "
-              f"{placement.num_workers('rollout')} rollout workers")
+    # held-out prompts are shared unevenly when they must be (Runner: _split), but every worker needs one
+    if cfg.env.eval.total_num_envs < placement.num_workers("rollout"):
+        _fail(f"env.eval.total_num_envs={cfg.env.eval.total_num_envs} is fewer than the "
+              f"{placement.num_workers('rollout')} rollout workers; evaluate at least one prompt per worker")
