@@ -44,8 +44,8 @@ def _split(items: list, parts: int) -> list[list]:
     """``parts`` consecutive shares of ``items``, as equal as they can be (the first ``len % parts`` get one more):
     nothing is dropped, e.g. 10 held-out prompts on 3 rollout workers are shared 4, 3, 3."""
     size, extra = divmod(len(items), parts)
-    bounds = np.cumsum([0] + [size + (i < extra) for i in range(parts)]).tolist()
-    return [items[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    starts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [items[starts[i]:starts[i + 1]] for i in range(parts)]
 
 
 def _shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
