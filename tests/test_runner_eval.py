@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runner_helpers import make_assets, small_recipe, train_metrics
 
 from rlrunner.cluster import create_cluster
 from rlrunner.logger import StepTimer
 from rlrunner.runner import Runner, _split
-from tests.runner_helpers import make_assets, small_recipe, train_metrics
 
 
 def test_split_shares_unevenly_and_drops_nothing():
