@@ -10,6 +10,7 @@ import logging
 import math
 import random
 import sys
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
@@ -27,6 +28,7 @@ from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resu
 from rlrunner.cluster import create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
+from rlrunner.console import eval_line, run_summary, step_line
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.rewards import RewardOutput, RewardUnavailable
@@ -41,8 +43,7 @@ ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 
 
 def _split(items: list, parts: int) -> list[list]:
-    """``parts`` consecutive shares of ``items``, as equal as they can be (the first ``len % parts`` get one more):
-    nothing is dropped, e.g. 10 held-out prompts on 3 rollout workers are shared 4, 3, 3."""
+    """``parts`` consecutive shares of ``items``, the first ``len % parts`` one longer: 10 prompts on 3 workers: 4, 3, 3."""
     size, extra = divmod(len(items), parts)
     starts = [i * size + min(i, extra) for i in range(parts + 1)]
     return [items[starts[i]:starts[i + 1]] for i in range(parts)]
@@ -84,6 +85,7 @@ class Runner:
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
+        self.evals: list[tuple[int, float]] = []  # (step, held-out reward) of each eval, for the closing summary
         self.nonfinite_in_a_row = 0
         self.reward_failures_in_a_row = 0
         # collocated actor and rollout take turns on the device when the recipe asks for offloading
@@ -102,22 +104,26 @@ class Runner:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
-        run = self.cfg.runner
+        run, start, first_step = self.cfg.runner, time.monotonic(), self.step
         if self.step == 0 and run.val_before_train:
             self.evaluate()
         progress = self.progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step",
-                                        dynamic_ncols=True, file=sys.stderr)
+                                        dynamic_ncols=True, file=sys.stderr, disable=not sys.stderr.isatty())
         while self.step < self.max_steps:
             metrics = self.train_step()
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['env/avg']:.3f}", loss=f"{metrics['train/actor/nft_loss']:.4f}",
                                  step_s=f"{metrics['time/step']:.1f}")
+            if progress.disable:
+                tqdm.write(step_line(self.step, self.max_steps, metrics), file=sys.stderr)
             last = self.step == self.max_steps
             if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
                 self.evaluate()
             if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
                 self.save()
         progress.close()
+        tqdm.write(run_summary(self.log_dir, self.step - first_step, time.monotonic() - start, self.evals,
+                               self.run_logger.writer is not None), file=sys.stderr)
 
     def train_step(self) -> dict[str, float]:
         """One global step as a straight line of named, timed phases."""
@@ -265,6 +271,7 @@ class Runner:
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
+        tqdm.write(eval_line(self.step, len(self.eval_prompts), self.cfg.actor.model), file=sys.stderr)
         with timer("eval"):
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
@@ -273,6 +280,7 @@ class Runner:
         self.log_samples("eval/samples", rollout.logged, reward)
         tqdm.write(f"[step {self.step}] eval reward {metrics['eval/avg']:.4f} over {rollout.num_samples} held-out "
                    f"prompts", file=sys.stderr)
+        self.evals.append((self.step, metrics["eval/avg"]))
         return metrics
 
     # ------------------------------------------------------------------ logging

@@ -140,7 +140,9 @@ class TinyFlowModel(FlowModel):
 
     def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
         """Write ``adapter`` as ``pytorch_lora_weights.safetensors`` (diffusers' UNet LoRA format)."""
-        from diffusers import StableDiffusionPipeline
+        # the pipeline's LoRA mixin, not the pipeline: importing StableDiffusionPipeline pulls in transformers'
+        # image processors, which warn about torchvision on every run
+        from diffusers.loaders import StableDiffusionLoraLoaderMixin
         from diffusers.utils import convert_state_dict_to_diffusers
         from peft.utils import get_peft_model_state_dict
 
@@ -148,7 +150,7 @@ class TinyFlowModel(FlowModel):
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)}")
         state = get_peft_model_state_dict(self.transformer, adapter_name=adapter)
         state = {k: v.detach().cpu().contiguous() for k, v in convert_state_dict_to_diffusers(state).items()}
-        StableDiffusionPipeline.save_lora_weights(directory, unet_lora_layers=state, safe_serialization=True)
+        StableDiffusionLoraLoaderMixin.save_lora_weights(directory, unet_lora_layers=state, safe_serialization=True)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
         """Load a LoRA written by :meth:`save_lora` (a folder or the ``.safetensors`` file) into ``adapters``."""
