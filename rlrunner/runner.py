@@ -24,6 +24,7 @@ from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
 from rlrunner.checkpoint import load_checkpoint, resolve_resume_dir, save_checkpoint
 from rlrunner.cluster import create_cluster
+from rlrunner.cluster.parallelize import optimizer_step_shards
 from rlrunner.config.loader import to_yaml
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
@@ -204,7 +205,9 @@ class Runner:
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
         train = Batch({k: v for k, v in batch.tensors.items() if k != "images"}, {})
         train = train.select(torch.randperm(len(train), generator=generator))
-        metrics = _mean_dicts(self.actor.scatter("update", [(shard, self.step) for shard in train.chunk(self.actor.world_size)]))
+        train.tensors["sample_index"] = torch.arange(len(train))  # seeds each sample's training noise
+        shards = optimizer_step_shards(len(train), self.cfg.actor.global_batch_size, self.actor.world_size)
+        metrics = _mean_dicts(self.actor.scatter("update", [(train.select(shard), self.step) for shard in shards]))
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
         if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
             raise RuntimeError(f"{self.nonfinite_in_a_row} steps in a row had a NaN/inf loss or gradient (optimizer "
@@ -213,7 +216,7 @@ class Runner:
 
     def sync_weights(self) -> None:
         """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
-        self.rollout_adapters = self.actor.call_rank(0, "lora_weights")
+        self.rollout_adapters = self.actor.call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
         self.rollout.call("sync_weights", self.rollout_adapters)
 
     def evaluate(self) -> dict[str, float]:
@@ -257,9 +260,9 @@ class Runner:
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
         path = save_checkpoint(
-            root, self.step, runner_state=state, actor_states=self.actor.call("state_dict"),
+            root, self.step, runner_state=state, actor_states=self.actor.call("state_dict")[:1],  # rank-independent
             config_yaml=to_yaml(self.cfg), model_info=self.model_info,
-            write_adapters=lambda d: self.actor.scatter("save_adapters", [(str(d),)] + [(None,)] * (self.actor.world_size - 1)),
+            write_adapters=lambda d: self.actor.call("save_adapters", str(d)),
             keep_last_n=self.cfg.runner.keep_last_n,
         )
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
@@ -269,7 +272,7 @@ class Runner:
         log_root = Path(self.cfg.runner.logger.log_path)
         path = resolve_resume_dir(resume_dir, log_root, self.log_dir.name.split("-", 2)[-1])
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
-        self.actor.scatter("load_state_dict", [(state,) for state in ckpt["actor"]])
+        self.actor.call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]

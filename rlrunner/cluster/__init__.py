@@ -11,7 +11,7 @@ the groups; workers are plain classes and never call each other::
 """
 
 from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup
-from rlrunner.cluster.distributed import all_reduce_mean, init_distributed
+from rlrunner.cluster.distributed import init_distributed
 from rlrunner.cluster.factory import BACKENDS, create_cluster
 from rlrunner.cluster.placement import COMPONENTS, Placement, format_devices, parse_placement
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
@@ -24,7 +24,6 @@ __all__ = [
     "Placement",
     "WorkerError",
     "WorkerGroup",
-    "all_reduce_mean",
     "create_cluster",
     "detect_device_type",
     "detect_devices_per_node",

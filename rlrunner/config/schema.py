@@ -213,6 +213,8 @@ class ActorConfig:
     micro_batch_size: int = 4
     global_batch_size: int = 64
     seed: int = 42
+    # data-parallel engine of the actor ranks: ddp (one replica per rank) | fsdp2 (base weights sharded per block)
+    strategy: str = "ddp"
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
