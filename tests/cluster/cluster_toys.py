@@ -60,6 +60,8 @@ class DataParallel:
         self.grad = torch.full((3,), float(rank + 1))
 
     def average(self) -> list[float]:
+        if not self.joined:  # one rank: nothing to average with
+            return self.grad.tolist()
         total = self.grad.clone()
         torch.distributed.all_reduce(total)
         return (total / torch.distributed.get_world_size()).tolist()
