@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffusers import UNet2DConditionModel
 from runner_helpers import small_recipe, train_metrics
 
 from rlrunner.algorithms.samplers import sample_xt
-from rlrunner.cluster.parallelize import optimizer_step_shards
+from rlrunner.cluster.parallelize import Engine, optimizer_step_shards, parallelize, transformer_blocks
 from rlrunner.runner import run
 
 
@@ -22,6 +23,21 @@ def test_each_optimizer_step_covers_the_same_samples_whatever_the_ranks():
     assert [s.tolist() for s in optimizer_step_shards(8, 4, 4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     with pytest.raises(ValueError, match="6 samples cannot form whole optimizer steps of 4 shared by 2 ranks"):
         optimizer_step_shards(6, 4, 2)
+
+
+def test_engine_choice_and_fsdp2_blocks():
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4, cross_attention_dim=8, sample_size=8,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    blocks = transformer_blocks(unet)
+    for i, block in enumerate(blocks):  # children are sharded before the blocks that hold them
+        assert not any(inner is block for outer in blocks[:i] for inner in outer.modules())
+    assert {type(b).__name__ for b in blocks} <= set(unet._no_split_modules)
+    with pytest.raises(ValueError, match=r"Linear names no block classes in _no_split_modules.*actor.strategy=ddp"):
+        transformer_blocks(torch.nn.Linear(2, 2))
+    assert type(parallelize(object(), "fsdp2", world_size=1)) is Engine  # one rank: nothing to wrap
+    with pytest.raises(ValueError, match=r"actor.strategy='zero' is not valid; choose one of \['ddp', 'fsdp2'\]"):
+        parallelize(object(), "zero", world_size=2)
 
 
 def test_per_sample_generators_make_a_sample_s_noise_independent_of_its_batch():
