@@ -3,18 +3,26 @@ before each eval, and the summary it ends with (what it learned, how long it too
 
 from __future__ import annotations
 
+import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from rlrunner.checkpoint import complete_checkpoints
 
 
-def step_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
-    """The step's progress as a plain line, for a console that is a log file (the launcher tees it), where a
-    progress bar's carriage-return redraws would pile up."""
-    return (f"[step {step}/{max_steps}] reward {metrics['env/avg']:.3f}, loss {metrics['train/actor/nft_loss']:.4f}, "
-            f"{metrics['time/step']:.1f} s/step")
+def report_step(progress: tqdm, step: int, max_steps: int, metrics: dict[str, float]) -> None:
+    """Advance the progress bar; where no bar is drawn (the console is a log file: the launcher tees it, and
+    carriage-return redraws would pile up there) print the step as a plain line instead."""
+    progress.update(1)
+    reward, loss, seconds = metrics["env/avg"], metrics["train/actor/nft_loss"], metrics["time/step"]
+    progress.set_postfix(reward=f"{reward:.3f}", loss=f"{loss:.4f}", step_s=f"{seconds:.1f}")
+    if progress.disable:
+        tqdm.write(f"[step {step}/{max_steps}] reward {reward:.3f}, loss {loss:.4f}, {seconds:.1f} s/step",
+                   file=sys.stderr)
 
 
 def eval_line(step: int, num_prompts: int, model_cfg: Any) -> str:
@@ -24,9 +32,13 @@ def eval_line(step: int, num_prompts: int, model_cfg: Any) -> str:
             f"{family.eval_sampler} steps")
 
 
-def run_summary(log_dir: Path, steps: int, seconds: float, evals: list[tuple[int, float]], tensorboard: bool) -> str:
-    """A few lines for the console: held-out reward at the first and last eval of this process, steps, wall time,
-    the checkpoint and TensorBoard folders and the command that exports the last checkpoint's LoRA for diffusers."""
+def run_summary(log_dir: Path, steps: int, seconds: float, tensorboard: bool) -> str:
+    """A few lines for the console: held-out reward at the first and last eval of the run (its metrics.jsonl),
+    steps, wall time, the checkpoint and TensorBoard folders and the command that exports the last checkpoint's LoRA
+    for diffusers."""
+    metrics = log_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    evals = [(r["step"], r["eval/avg"]) for r in records if "eval/avg" in r]
     checkpoints = complete_checkpoints(log_dir / "checkpoints")
     minutes, secs = divmod(round(seconds), 60)
     lines = [f"rlrunner: done: {steps} step(s) in {minutes}m{secs:02d}s; logs in {log_dir}"]

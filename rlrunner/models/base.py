@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from rlrunner.algorithms.samplers import sample_flow, sigma_schedule
+from rlrunner.utils.sharded import copy_full_, full_tensor
 
 TRAINED_ADAPTER = "default"
 EMA_ADAPTER = "ema"
@@ -416,8 +417,11 @@ class FlowModel(abc.ABC):
         return [p for n, p in self.transformer.named_parameters() if f".{adapter}." in n]
 
     def lora_state_dict(self, adapter: str) -> dict[str, torch.Tensor]:
-        """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached copies, CPU)."""
-        return {n.replace(f".{adapter}.", "."): p.detach().cpu().clone()
+        """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached full copies, CPU).
+
+        Tensors sharded over ranks (DTensors) are gathered, so every rank of the group must call it.
+        """
+        return {n.replace(f".{adapter}.", "."): full_tensor(p.detach()).cpu().clone()
                 for n, p in self.transformer.named_parameters() if f".{adapter}." in n}
 
     @torch.no_grad()
@@ -434,7 +438,7 @@ class FlowModel(abc.ABC):
             if param.shape != state[name].shape:
                 raise ValueError(f"LoRA tensor {name} has shape {tuple(state[name].shape)}, the model expects "
                                  f"{tuple(param.shape)} (different lora_rank or model?)")
-            param.copy_(state[name].to(param.device, param.dtype))
+            copy_full_(param, state[name])
 
     def _lora_config_dict(self, adapter: str) -> dict[str, Any]:
         config = self.transformer.peft_config[adapter].to_dict()
@@ -442,15 +446,17 @@ class FlowModel(abc.ABC):
         return {k: v for k, v in config.items() if k in ("r", "lora_alpha", "target_modules", "init_lora_weights",
                                                             "lora_dropout", "bias", "use_rslora", "use_dora")}
 
-    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
+    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER,
+                  state: dict[str, torch.Tensor] | None = None) -> None:
         """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it.
 
+        ``state``: the adapter's :meth:`lora_state_dict` when the caller already has it (default: read it now).
         The LoRA config (rank, alpha, targets) goes into the safetensors metadata, so the loader applies the
         same ``alpha / rank`` scale as training did.
         """
         import diffusers
 
-        state = {k: v.contiguous() for k, v in self.lora_state_dict(adapter).items()}
+        state = {k: v.contiguous() for k, v in (state or self.lora_state_dict(adapter)).items()}
         pipeline_cls = getattr(diffusers, self.pipeline_class_name)
         pipeline_cls.save_lora_weights(directory, transformer_lora_layers=state, safe_serialization=True,
                                        transformer_lora_adapter_metadata=self._lora_config_dict(adapter))

@@ -138,18 +138,19 @@ class TinyFlowModel(FlowModel):
         """The strings the model is asked to draw (first quoted span, spaces removed)."""
         return [target_text(p) for p in prompts]
 
-    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
-        """Write ``adapter`` as ``pytorch_lora_weights.safetensors`` (diffusers' UNet LoRA format)."""
+    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER,
+                  state: dict[str, torch.Tensor] | None = None) -> None:
+        """Write ``adapter`` as ``pytorch_lora_weights.safetensors`` (diffusers' UNet LoRA format); ``state``: its
+        :meth:`lora_state_dict` (peft's key layout) when the caller already has it."""
         # the pipeline's LoRA mixin, not the pipeline: importing StableDiffusionPipeline pulls in transformers'
         # image processors, which warn about torchvision on every run
         from diffusers.loaders import StableDiffusionLoraLoaderMixin
         from diffusers.utils import convert_state_dict_to_diffusers
-        from peft.utils import get_peft_model_state_dict
 
         if adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)}")
-        state = get_peft_model_state_dict(self.transformer, adapter_name=adapter)
-        state = {k: v.detach().cpu().contiguous() for k, v in convert_state_dict_to_diffusers(state).items()}
+        state = state or self.lora_state_dict(adapter)
+        state = {k: v.contiguous() for k, v in convert_state_dict_to_diffusers(state).items()}
         StableDiffusionLoraLoaderMixin.save_lora_weights(directory, unet_lora_layers=state, safe_serialization=True)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
