@@ -17,6 +17,7 @@ from runner_helpers import small_recipe, train_metrics
 from safetensors.torch import load_file
 
 from rlrunner.checkpoint import CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
+from rlrunner.config.errors import RecipeError
 from rlrunner.export import main as export_main
 from rlrunner.runner import Runner, run
 
@@ -167,7 +168,9 @@ def test_auto_resume_without_a_checkpoint_starts_from_scratch(uninterrupted, tmp
     assert "no complete checkpoint" in caplog.text and "starting from scratch" in caplog.text
     full = [m["env/avg"] for m in train_metrics(uninterrupted)[:2]]
     assert [m["env/avg"] for m in train_metrics(fresh)] == full
-    with pytest.raises(CheckpointError, match=r"runner.resume_dir='.*nowhere' does not exist"):
+    # an explicit path that does not exist is a recipe error, before anything starts
+    with pytest.raises(RecipeError, match=r"runner.resume_dir='.*nowhere' does not exist .*; give an existing file or "
+                                          r"folder or '' or 'auto'"):
         _run(tmp_path, "20260101-000001-preempted", "runner.max_steps=2", f"runner.resume_dir={tmp_path / 'nowhere'}")
 
 

@@ -129,8 +129,9 @@ class ExistingPath:
         exists = {"any": path.exists, "file": path.is_file, "dir": path.is_dir}[self.kind]()
         if exists:
             return None
+        what = {"any": "file or folder", "file": "file", "dir": "folder"}[self.kind]
         unset = " or ".join(repr(u) for u in self.unset)
-        return f"does not exist (relative paths are taken from {ctx.base_dir}); give an existing {self.kind} or {unset}"
+        return f"does not exist (relative paths are taken from {ctx.base_dir}); give an existing {what} or {unset}"
 
 
 Check = Free | Elsewhere | Choice | Each | Range | Rule | ExistingPath
