@@ -54,6 +54,10 @@ def sample_grid(images: np.ndarray, prompts: list[str], rewards: np.ndarray, col
     return np.asarray(grid)
 
 
+# runner.logger.logger_backends: metrics.jsonl and samples/ are always written; these are the optional ones
+LOGGER_BACKENDS = ("tensorboard",)
+
+
 class RunLogger:
     """Writes scalars to TensorBoard and ``metrics.jsonl``; images and videos to TensorBoard and ``samples/``."""
 

@@ -10,6 +10,7 @@ import logging
 import math
 import random
 import sys
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
@@ -28,6 +29,7 @@ from rlrunner.cluster import create_cluster, write_placement_report
 from rlrunner.cluster.parallelize import optimizer_step_shards
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
+from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.rewards import RewardOutput, RewardUnavailable
@@ -42,8 +44,10 @@ ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 
 
 def _split(items: list, parts: int) -> list[list]:
-    size = len(items) // parts
-    return [items[i * size:(i + 1) * size] for i in range(parts)]
+    """``parts`` consecutive shares of ``items``, the first ``len % parts`` one longer: 10 prompts on 3 workers: 4, 3, 3."""
+    size, extra = divmod(len(items), parts)
+    starts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [items[starts[i]:starts[i + 1]] for i in range(parts)]
 
 
 def _shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
@@ -100,22 +104,22 @@ class Runner:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
-        run = self.cfg.runner
+        run, start, first_step = self.cfg.runner, time.monotonic(), self.step
         if self.step == 0 and run.val_before_train:
             self.evaluate()
         progress = self.progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step",
-                                        dynamic_ncols=True, file=sys.stderr)
+                                        dynamic_ncols=True, file=sys.stderr, disable=not sys.stderr.isatty())
         while self.step < self.max_steps:
             metrics = self.train_step()
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['env/avg']:.3f}", loss=f"{metrics['train/actor/nft_loss']:.4f}",
-                                 step_s=f"{metrics['time/step']:.1f}")
+            report_step(progress, self.step, self.max_steps, metrics)
             last = self.step == self.max_steps
             if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
                 self.evaluate()
             if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
                 self.save()
         progress.close()
+        tqdm.write(run_summary(self.log_dir, self.step - first_step, time.monotonic() - start,
+                               self.run_logger.writer is not None), file=sys.stderr)
 
     def train_step(self) -> dict[str, float]:
         """One global step as a straight line of named, timed phases."""
@@ -266,6 +270,7 @@ class Runner:
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
+        tqdm.write(eval_line(self.step, len(self.eval_prompts), self.cfg.actor.model), file=sys.stderr)
         with timer("eval"):
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
@@ -295,7 +300,7 @@ class Runner:
         per_sample = reward.avg.reshape(len(reward.avg), -1).mean(axis=1)
         self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step)
         if images.ndim == 5:
-            video_cfg = self.cfg.env.train.video_cfg
+            video_cfg = self.cfg.env["eval" if tag.startswith("eval") else "train"].video_cfg
             out_dir = None
             if video_cfg.save_video:
                 out_dir = Path(video_cfg.video_base_dir) if video_cfg.video_base_dir else self.log_dir / "videos"

@@ -44,7 +44,8 @@ class _Tee:
         self.stream, self.log_file = stream, log_file
 
     def write(self, data: str) -> int:
-        self.log_file.write(data)
+        if "\r" not in data:  # progress-bar redraws stay on the terminal, out of the log
+            self.log_file.write(data)
         return self.stream.write(data)
 
     def flush(self) -> None:

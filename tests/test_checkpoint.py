@@ -17,6 +17,7 @@ from runner_helpers import small_recipe, train_metrics
 from safetensors.torch import load_file
 
 from rlrunner.checkpoint import CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
+from rlrunner.config.errors import RecipeError
 from rlrunner.export import main as export_main
 from rlrunner.runner import Runner, run
 
@@ -167,7 +168,9 @@ def test_auto_resume_without_a_checkpoint_starts_from_scratch(uninterrupted, tmp
     assert "no complete checkpoint" in caplog.text and "starting from scratch" in caplog.text
     full = [m["env/avg"] for m in train_metrics(uninterrupted)[:2]]
     assert [m["env/avg"] for m in train_metrics(fresh)] == full
-    with pytest.raises(CheckpointError, match=r"runner.resume_dir='.*nowhere' does not exist"):
+    # an explicit path that does not exist is a recipe error, before anything starts
+    with pytest.raises(RecipeError, match=r"runner.resume_dir='.*nowhere' does not exist .*; give an existing file or "
+                                          r"folder or '' or 'auto'"):
         _run(tmp_path, "20260101-000001-preempted", "runner.max_steps=2", f"runner.resume_dir={tmp_path / 'nowhere'}")
 
 
@@ -215,3 +218,66 @@ def test_resume_through_ray_continues_an_in_process_run_exactly(uninterrupted, t
                    "cluster.component_placement={actor: 0, rollout: 1, env: 2}", f"runner.resume_dir={step3}")
     assert [m["step"] for m in train_metrics(resumed)] == [4, 5, 6]
     _assert_same_checkpoint(uninterrupted / "checkpoints/global_step_6", resumed / "checkpoints/global_step_6")
+
+
+KILLED_RUN = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import rlrunner.runner as runner_module
+from rlrunner.runner import Runner, run
+from runner_helpers import small_recipe
+kill_step, phase, root, name = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+if phase == "save":  # after the adapters are written, before the checkpoint is marked complete
+    original_save = runner_module.save_checkpoint
+    def save(ckpt_root, step, **kwargs):
+        if step == kill_step:
+            write = kwargs["write_adapters"]
+            kwargs["write_adapters"] = lambda directory: (write(directory), die())
+        return original_save(ckpt_root, step, **kwargs)
+    runner_module.save_checkpoint = save
+else:  # "rollout": after step kill_step's samples are scored; "update": after its optimizer step, before the EMA
+    method = {{"rollout": "rollout_and_score", "update": "update"}}[phase]
+    original = getattr(Runner, method)
+    def killing(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if self.step + 1 == kill_step:
+            die()
+        return out
+    setattr(Runner, method, killing)
+log_dir = root / "logs" / name
+log_dir.mkdir(parents=True)
+run(small_recipe(root, *sys.argv[5:]), log_dir)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_auto_resume_ends_bitwise_like_an_uninterrupted_run(uninterrupted, tmp_path):
+    """Three SIGKILLs at seeded random (step, phase) moments, one of them inside a checkpoint write; the same command
+    line with runner.resume_dir=auto is re-issued after each, and the last run's adapters equal the reference's."""
+    import random
+
+    rng = random.Random(17)
+    save_step = rng.choice([2, 4, 6])  # runner.save_interval=2
+    steps = sorted([save_step, *rng.sample([s for s in range(1, 7) if s != save_step], 2)])
+    kills = [(step, "save" if step == save_step else rng.choice(["rollout", "update"])) for step in steps]
+    # no evals (they change no training state), so the four processes spend their time on steps
+    overrides = ["runner.max_steps=6", "runner.save_interval=2", "runner.resume_dir=auto", "runner.val_before_train=false",
+                 "runner.val_check_interval=0"]
+    script = KILLED_RUN.format(tests=str(TESTS))
+    for attempt, (step, phase) in enumerate(kills):
+        name = f"20260101-00000{attempt}-kill"
+        proc = subprocess.run([sys.executable, "-c", script, str(step), phase, str(tmp_path), name, *overrides],
+                              check=False, cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == -signal.SIGKILL, f"kill at step {step} ({phase}) did not happen: {proc.stderr}"
+        checkpoints = tmp_path / "logs" / name / "checkpoints"
+        complete = [p.name for p in complete_checkpoints(checkpoints)] if checkpoints.exists() else []
+        assert f"global_step_{step}" not in complete  # killed before that step's checkpoint was complete
+        if phase == "save":
+            assert (checkpoints / f"global_step_{step}.tmp").is_dir()
+    final = _run(tmp_path, "20260101-000009-kill", *overrides)
+    _assert_same_checkpoint(uninterrupted / "checkpoints/global_step_6", final / "checkpoints/global_step_6")
+    reference = {m["step"]: m["env/avg"] for m in train_metrics(uninterrupted)}
+    assert all(m["env/avg"] == reference[m["step"]] for m in train_metrics(final))

@@ -86,7 +86,23 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
     events.Reload()
     assert {"train/samples", "eval/samples"} <= set(events.Tags()["images"])
     assert (run_dir / "checkpoints" / "global_step_2" / "adapter" / "pytorch_lora_weights.safetensors").is_file()
-    assert "eval reward" in (run_dir / "console.log").read_text()
+    console = (run_dir / "console.log").read_text()
+    assert "eval reward" in console
+    # the first run reads well: progress as lines (no carriage-return redraws), no warning to look up, a summary
+    assert "\r" not in console
+    assert "[step 0] eval: 8 held-out prompts, one sample each" in console
+    assert "[step 1/2] reward " in console and "[step 2/2] reward " in console
+    assert not [line for line in console.splitlines() if "warn" in line.lower() or "[transformers]" in line]
+    summary = console[console.index("rlrunner: done: 2 step(s) in "):].splitlines()
+    assert summary[1].startswith("  held-out reward: ") and " at step 0 -> " in summary[1]
+    assert summary[2] == f"  TensorBoard:     tensorboard --logdir {run_dir / 'tensorboard'}"
+    assert summary[3] == f"  checkpoints:     {run_dir / 'checkpoints'}"
+    export = summary[4].removeprefix("  export the LoRA: ")
+    assert export == f"python -m rlrunner.export {run_dir / 'checkpoints' / 'global_step_2'} --out {run_dir / 'lora'}"
+    exported = subprocess.run([sys.executable, *export.split()[1:]], check=False, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    assert (run_dir / "lora" / "pytorch_lora_weights.safetensors").is_file()
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from runner_helpers import read_metrics, small_recipe, train_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -51,11 +52,27 @@ def test_local_run_reports_its_placement(local_run):
         ("actor", 0, "local"), ("rollout", 0, "local"), ("env", 0, "local")]
 
 
-def test_the_policy_moves_when_rewards_differ(local_run):
-    metrics = train_metrics(local_run)
-    assert metrics[0]["train/actor/grad_norm"] > 0
-    assert metrics[-1]["train/actor/delta_v_norm"] > 0  # tau < 1 after step 0: the EMA lags the policy
-    assert metrics[-1]["train/actor/nft_tau"] < 1.0
+def test_the_policy_moves_only_when_the_reward_carries_a_signal(local_run, tmp_path):
+    """NFT's gradient at v_theta = v_old is beta^2 (v_theta - v_old) when every advantage is 0 (r = 1/2): exactly 0.
+    With ``reward_signal: none`` the LoRA up-projections stay 0, so the policy never moves (grad_norm and Δv are 0 at
+    every step); with the rewards it moves from the first step; ``shuffle`` trains on the same rollout (same
+    rewards) with permuted advantages, a different gradient."""
+    def controlled(signal: str) -> list[dict]:
+        log_dir = tmp_path / signal
+        log_dir.mkdir()
+        run(small_recipe(tmp_path, "runner.max_steps=3", "runner.save_interval=0", "runner.val_check_interval=0",
+                         "runner.val_before_train=false", f"algorithm.reward_signal={signal}"), log_dir)
+        return train_metrics(log_dir)
+
+    rewarded, unsignalled = train_metrics(local_run), controlled("none")
+    assert [m["train/actor/grad_norm"] for m in unsignalled] == [0.0, 0.0, 0.0]
+    assert [m["train/actor/delta_v_norm"] for m in unsignalled] == [0.0, 0.0, 0.0]
+    assert all(m["train/actor/grad_norm"] > 1e-3 and m["train/actor/delta_v_norm"] > 1e-3 for m in rewarded)
+    # the recipe's nft_tau [1.0, 0.5, 0, 2] at the EMA updates of steps 0, 1, 2: 1.0, then linear to 0.5
+    assert [m["train/actor/nft_tau"] for m in rewarded] == [1.0, 0.75, 0.5]
+    shuffled = controlled("shuffle")
+    assert shuffled[0]["env/avg"] == rewarded[0]["env/avg"]  # the same first rollout and rewards
+    assert shuffled[0]["train/actor/grad_norm"] != rewarded[0]["train/actor/grad_norm"]
 
 
 def test_last_step_is_checkpointed_even_without_interval(local_run):
@@ -141,16 +158,28 @@ def test_nonfinite_losses_skip_the_step_and_abort_after_a_streak(tmp_path, monke
 
 
 def test_every_eval_starts_from_the_same_noise(tmp_path, monkeypatch):
-    seen = []
+    noises = {"eval": [], "train": []}
     original = RolloutWorker.generate
 
     def spy(self, prompts, group_size, step, chunk, mode="train"):
-        seen.append((mode, step))
-        return original(self, prompts, group_size, step, chunk, mode)
+        sample = self.model.sample
+
+        def recording_sample(cond, noise, **kwargs):
+            noises[mode].append(noise.clone())
+            return sample(cond, noise, **kwargs)
+
+        self.model.sample = recording_sample
+        try:
+            return original(self, prompts, group_size, step, chunk, mode)
+        finally:
+            self.model.sample = sample
 
     monkeypatch.setattr(RolloutWorker, "generate", spy)
     log_dir = tmp_path / "run"
     log_dir.mkdir()
-    run(small_recipe(tmp_path, "runner.max_steps=2", "runner.val_check_interval=1", "runner.save_interval=0"), log_dir)
-    assert {step for mode, step in seen if mode == "eval"} == {0}
-    assert {step for mode, step in seen if mode == "train"} == {0, 1}
+    run(small_recipe(tmp_path, "runner.max_steps=2", "runner.val_check_interval=1", "runner.save_interval=0",
+                     "runner.async_reward=false"), log_dir)
+    evals, trains = noises["eval"], noises["train"]
+    assert len(evals) == 3 and all(torch.equal(noise, evals[0]) for noise in evals)  # steps 0, 1, 2
+    assert len(trains) == 2 and not torch.equal(trains[0], trains[1])  # training noise is fresh every step
+    assert evals[0].shape[0] == 4 and not torch.equal(evals[0], trains[0][:4])

@@ -105,6 +105,9 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "grpo_video": video_group_advantages,
 }
 
+# algorithm.advantage_mode valid for each estimator (its ``std`` / ``mode`` argument)
+ADVANTAGE_MODES: dict[str, tuple[str, ...]] = {"grpo": STD_MODES, "grpo_video": VIDEO_MODES}
+
 
 def get_advantage_estimator(name: str) -> Callable[..., Tensor]:
     """Look up ``algorithm.adv_type``; a miss lists the valid names."""

@@ -15,17 +15,15 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
 from rlrunner.config.schema import RecipeConfig
+from rlrunner.config.validate import validate
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
 DEFAULT_RECIPE = "tiny_nft_ocr"
 # mappings that a recipe or override states whole: merging {"actor": "0-3", ...} into the default
 # {"actor,env,rollout": "all"} would place every component twice
 REPLACED_NOT_MERGED = ("cluster.component_placement",)
-
-
-class RecipeError(ValueError):
-    """A recipe problem the user can fix; the message is one line saying what to change."""
 
 
 def available_recipes(config_dir: Path = CONFIG_DIR) -> list[str]:
@@ -107,8 +105,6 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
 
     Returns a struct-mode, read-only :class:`DictConfig`; raises :class:`RecipeError` on any user error.
     """
-    from rlrunner.config.validate import validate
-
     path = recipe_path(name, config_dir)
     schema = OmegaConf.structured(RecipeConfig)
     try:

@@ -132,7 +132,8 @@ class RewardConfig:
     served_model: str = ""
     api_key_file: str = ""  # file with the endpoint's API key ("" = none)
     # remote and vlm_ocr: seconds per attempt, retries of transient failures (exponential backoff with jitter),
-    # requests in flight; required: false scores failed samples 0 (counted in env/reward_errors) and trains on
+    # requests in flight; required: false scores failed samples 0 (counted in env/reward_errors) and trains on.
+    # ocr and video_ocr: seconds one engine call (batch_size images) may take; past it those images score 0
     timeout_s: float = 60.0
     max_retries: int = 3
     max_concurrency: int = 4

@@ -142,14 +142,16 @@ class TinyFlowModel(FlowModel):
                   state: dict[str, torch.Tensor] | None = None) -> None:
         """Write ``adapter`` as ``pytorch_lora_weights.safetensors`` (diffusers' UNet LoRA format); ``state``: its
         :meth:`lora_state_dict` (peft's key layout) when the caller already has it."""
-        from diffusers import StableDiffusionPipeline
+        # the pipeline's LoRA mixin, not the pipeline: importing StableDiffusionPipeline pulls in transformers'
+        # image processors, which warn about torchvision on every run
+        from diffusers.loaders import StableDiffusionLoraLoaderMixin
         from diffusers.utils import convert_state_dict_to_diffusers
 
         if adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)}")
         state = state or self.lora_state_dict(adapter)
         state = {k: v.contiguous() for k, v in convert_state_dict_to_diffusers(state).items()}
-        StableDiffusionPipeline.save_lora_weights(directory, unet_lora_layers=state, safe_serialization=True)
+        StableDiffusionLoraLoaderMixin.save_lora_weights(directory, unet_lora_layers=state, safe_serialization=True)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
         """Load a LoRA written by :meth:`save_lora` (a folder or the ``.safetensors`` file) into ``adapters``."""

@@ -81,6 +81,26 @@ def unscorable(images: np.ndarray, prompts: list[str], reasons: list[str | None]
     return reasons
 
 
+def _call_with_timeout(fn: Any, timeout_s: float) -> Any:
+    """``fn()`` in a daemon thread (a hung engine must not keep the process alive), given ``timeout_s`` seconds."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as err:  # noqa: BLE001  re-raised in the caller's thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, name="ocr-engine-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within reward.timeout_s={timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 class EnginePool:
     """Engines for concurrent callers: each call borrows one, a new one is built when all are busy.
 
@@ -98,17 +118,24 @@ class EnginePool:
         self._free: list[OcrEngine] = [engine]
         self._lock = threading.Lock()
 
-    def run(self, fn_name: str, images: list[np.ndarray]) -> Any:
-        """Call ``engine.<fn_name>(images)`` on a free engine."""
+    def run(self, fn_name: str, images: list[np.ndarray], timeout_s: float | None = None) -> Any:
+        """Call ``engine.<fn_name>(images)`` on a free engine; raise ``TimeoutError`` after ``timeout_s`` seconds.
+
+        A call that hangs keeps its engine (in a daemon thread) until it returns; later calls build another.
+        """
         with self._lock:
             engine = self._free.pop() if self._free else None
         if engine is None:
             engine, _ = build_engine(self.engine_name, **self._kwargs)
-        try:
-            return getattr(engine, fn_name)(images)
-        finally:
-            with self._lock:
-                self._free.append(engine)
+
+        def call() -> Any:
+            try:
+                return getattr(engine, fn_name)(images)
+            finally:
+                with self._lock:
+                    self._free.append(engine)
+
+        return call() if timeout_s is None else _call_with_timeout(call, timeout_s)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_kwargs": self._kwargs, "engine_name": self.engine_name}
@@ -129,7 +156,8 @@ class OcrReward(Reward):
 
     Config keys used: ``engine``, ``use_gpu``, ``lang``, ``rec_only`` (each image is one text line: recognition
     only, no detector), ``batch_size`` (images per engine call), ``num_workers`` (sizes inference threads),
-    ``alphabet`` (recognised text filtered to these characters before scoring).
+    ``alphabet`` (recognised text filtered to these characters before scoring), ``timeout_s`` (seconds one engine
+    call may take; the images of a call past it score 0, counted in ``errors``).
     """
 
     name = "ocr"
@@ -182,9 +210,14 @@ class OcrReward(Reward):
         return scores, texts, reasons
 
     def _recognize(self, images: list[np.ndarray], reasons: list[str | None], index: list[int]) -> list[str]:
-        """Recognised text per image; an engine exception is retried image by image to isolate the bad one."""
+        """Recognised text per image; an engine exception is retried image by image to isolate the bad one, a call
+        that hangs past ``reward.timeout_s`` is not (every image of it scores 0: retrying would hang as long again)."""
         try:
             return self._read(images)
+        except TimeoutError as err:
+            for i in index:
+                reasons[i] = f"engine timeout: {err}"
+            return [""] * len(images)
         except Exception as err:  # noqa: BLE001  any engine failure must become reward 0, never a crash
             if len(images) == 1:
                 reasons[index[0]] = f"engine error: {type(err).__name__}: {err}"
@@ -193,9 +226,9 @@ class OcrReward(Reward):
 
     def _read(self, images: list[np.ndarray]) -> list[str]:
         if self.spec.rec_only:
-            texts = [join_lines([line]) for line in self.engines.run("read_lines", images)]
+            texts = [join_lines([line]) for line in self.engines.run("read_lines", images, self.spec.timeout_s)]
         else:
-            texts = [join_lines(lines) for lines in self.engines.run("read", images)]
+            texts = [join_lines(lines) for lines in self.engines.run("read", images, self.spec.timeout_s)]
         if len(texts) != len(images):
             raise RuntimeError(f"engine returned {len(texts)} results for {len(images)} images")
         return texts

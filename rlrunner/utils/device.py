@@ -6,6 +6,7 @@ import importlib.util
 
 import torch
 
+DEVICE_NAMES = ("auto", "cpu", "cuda", "npu")
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -23,8 +24,8 @@ def resolve_device(name: str = "auto") -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("npu") if npu_available() else torch.device("cpu")
-    if name not in ("cpu", "cuda", "npu"):
-        raise ValueError(f"unknown device {name!r}; valid: auto, cpu, cuda, npu")
+    if name not in DEVICE_NAMES:
+        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICE_NAMES)}")
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use device: auto or cpu")
     if name == "npu" and not npu_available():

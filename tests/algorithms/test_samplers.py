@@ -93,3 +93,29 @@ def test_sample_xt():
     x_t16, t16, eps16 = sample_xt(x0.to(torch.bfloat16), 4, generator=torch.Generator().manual_seed(1))
     assert x_t16.dtype == eps16.dtype == torch.bfloat16 and t16.dtype == torch.float32
     torch.testing.assert_close(eps16, eps.to(torch.bfloat16))  # same draws whatever the dtype
+
+
+@pytest.mark.parametrize(("num_steps", "shift"), [(4, 1.0), (6, 3.0)])
+def test_dpm_solver_pp_2m_equals_diffusers_scheduler_on_the_same_sigmas(num_steps, shift):
+    """Our DPM-Solver++ 2M against diffusers' DPMSolverMultistepScheduler (dpmsolver++, order 2, flow prediction,
+    lower order at the last step, final sigma 0) driven over our sigma grid, with a nonlinear velocity field."""
+    from diffusers import DPMSolverMultistepScheduler
+
+    def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * (1 + t.view(-1, 1, 1)) + 0.3 * x - 0.1
+
+    noise = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))
+    sigmas = sigma_schedule(num_steps, shift=shift)
+    ours = sample_flow(velocity, noise, sigmas, sampler="dpm_solver_pp_2m")
+
+    scheduler = DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2, use_flow_sigmas=True,
+                                            prediction_type="flow_prediction", lower_order_final=True,
+                                            final_sigmas_type="zero")
+    scheduler.set_timesteps(num_steps)
+    scheduler.sigmas = sigmas.clone()  # the same grid (diffusers' own would start at 1 - 1/1000)
+    scheduler.timesteps = sigmas[:-1] * scheduler.config.num_train_timesteps
+    x = noise.clone()
+    for sigma, timestep in zip(sigmas[:-1], scheduler.timesteps):
+        x = scheduler.step(velocity(x, sigma.expand(len(x))), timestep, x).prev_sample
+    torch.testing.assert_close(ours, x, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ours, sample_flow(velocity, noise, sigmas, sampler="euler"), atol=1e-3)

@@ -10,25 +10,6 @@ from rlrunner.config.loader import RecipeError, available_recipes, load_recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def recipe_dir(tmp_path: Path, monkeypatch) -> Path:
-    """A config dir with a copy of the default recipe whose paths point at real files in tmp_path."""
-    (tmp_path / "model").mkdir()
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "train.txt").write_text('a sign that says "2345"\n')
-    (data / "test.txt").write_text('a sign that says "6789"\n')
-    recipe = yaml.safe_load((ROOT / "examples/diffusion/config/tiny_nft_ocr.yaml").read_text())
-    recipe["actor"]["model"]["model_path"] = str(tmp_path / "model")
-    for split in ("train", "eval"):
-        recipe["env"][split]["dataset"]["path"] = str(data)
-    config_dir = tmp_path / "config"
-    config_dir.mkdir()
-    (config_dir / "base.yaml").write_text(yaml.safe_dump(recipe))
-    monkeypatch.chdir(tmp_path)
-    return config_dir
-
-
 def load(config_dir: Path, *overrides: str, name: str = "base"):
     return load_recipe(name, list(overrides), config_dir=config_dir)
 
@@ -86,7 +67,7 @@ def test_wrong_type_names_key_value_and_type(recipe_dir):
     [
         (["actor.global_batch_size=60"], r"actor.global_batch_size=60 is not divisible by actor.micro_batch_size=16"),
         (["env.train.total_num_envs=60"], r"total_num_envs=60 is not a multiple of algorithm.group_size=8"),
-        (["algorithm.nft_tau=[1.0,0.1,5]"], r"algorithm.nft_tau=.* must be a positive number or \[start, end"),
+        (["algorithm.nft_tau=[1.0,0.1,5]"], r"algorithm.nft_tau=.* must be a number in \(0, 1\] or \[start, end"),
         (["algorithm.nft_tau=fast"], r"algorithm.nft_tau='fast'"),
         (["cluster.component_placement={actor: all, rollout: all, env: all, critic: all}"], r"critic"),
         (["actor.model.model_path=/no/such/model"], r"model_path='/no/such/model' does not exist"),
@@ -99,18 +80,18 @@ def test_wrong_type_names_key_value_and_type(recipe_dir):
         (["actor.strategy=fsdp"], r"actor.strategy='fsdp' is not valid \(did you mean 'fsdp2'\?\); choose .*'ddp'"),
         (["actor.model.tiny.num_frames=4"], r"num_frames=4 must be 4k\+1"),
         (["runner.max_steps=-1"], r"runner.max_steps or runner.max_epochs"),
-        (["algorithm.nft_timesteps_per_sample=0"], r"algorithm.nft_timesteps_per_sample=0 must be positive"),
+        (["algorithm.nft_timesteps_per_sample=0"], r"algorithm.nft_timesteps_per_sample=0 must be a number >= 1"),
         (["env.eval.reward.model=remot"], r"env.eval.reward.model='remot' is not valid \(did you mean 'remote'"),
         (["env.train.reward.model=remote"], r"env.train.reward.url is empty; reward.model=remote needs it"),
         (["env.train.reward.model=remote", "env.train.reward.url=127.0.0.1:8000"],
-         r"env.train.reward.url='127.0.0.1:8000' is not an http\(s\) URL"),
+         r"env.train.reward.url='127.0.0.1:8000' must be an http\(s\) URL"),
         (["env.train.reward.model=remote", "env.train.reward.url=http://h:1", "env.train.reward.token_file=no.key"],
          r"env.train.reward.token_file='no.key' does not exist"),
         (["env.train.reward.type=multi", "env.train.reward.rewards=[{model: ocr}, {model: vlm_ocr}]"],
          r"env.train.reward.rewards\[1\].base_url is empty; reward.model=vlm_ocr needs it"),
-        (["env.train.reward.timeout_s=0"], r"env.train.reward.timeout_s=0.0 must be > 0"),
-        (["env.train.reward.max_concurrency=0"], r"env.train.reward.max_concurrency=0 >= 1"),
-        (["runner.max_reward_error_steps=0"], r"runner.max_reward_error_steps=0 must be positive"),
+        (["env.train.reward.timeout_s=0"], r"env.train.reward.timeout_s=0.0 must be a number > 0"),
+        (["env.train.reward.max_concurrency=0"], r"env.train.reward.max_concurrency=0 must be a number >= 1"),
+        (["runner.max_reward_error_steps=0"], r"runner.max_reward_error_steps=0 must be a number >= 1"),
     ],
 )
 def test_contradictions_are_rejected_with_one_line(recipe_dir, overrides, message):

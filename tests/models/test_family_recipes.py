@@ -8,6 +8,7 @@ import pytest
 
 from rlrunner.config.loader import load_recipe
 from rlrunner.models.wan import latent_num_frames
+from rlrunner.rewards.video_ocr import num_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 OCR_DATA = ROOT / "examples" / "diffusion" / "data" / "ocr"
@@ -66,8 +67,7 @@ def test_wan_recipes(name):
             8, "grpo_video", "video")
         reward = cfg.env.train.reward
         assert (reward.model, reward.frame_interval, wan.num_frames) == ("video_ocr", 4, 5)
-        chunks = 1 + (wan.num_frames - 1) // reward.frame_interval
-        assert chunks == latent_num_frames(wan.num_frames) == 2
+        assert num_chunks(wan.num_frames, reward.frame_interval) == latent_num_frames(wan.num_frames) == 2
     else:
         assert wan.num_frames == 1 and cfg.env.train.reward.model == "ocr"
 

@@ -110,8 +110,10 @@ def test_encode_sample_decode_shapes_and_determinism(model):
     x0 = model.sample(cond, noise, sampler="euler", num_steps=2)
     again = model.sample(cond, noise.clone(), sampler="euler", num_steps=2)
     assert x0.shape == (3, 1, 16, 32) and torch.equal(x0, again)
-    traj = model.sample(cond, noise, sampler="dpm2", num_steps=3, return_trajectory=True)
-    assert traj is not None
+    x0_dpm, states = model.sample(cond, noise, sampler="dpm2", num_steps=3, return_trajectory=True)
+    assert len(states) == 4 and torch.equal(states[0], noise) and torch.equal(states[-1], x0_dpm)
+    assert torch.equal(x0_dpm, model.sample(cond, noise, sampler="dpm2", num_steps=3))
+    assert all(not torch.equal(states[i], states[i + 1]) for i in range(3))  # every step moved the state
     images = model.decode(x0)
     assert images.shape == (3, 16, 32, 3) and images.dtype == np.uint8
     assert np.array_equal(images[..., 0], images[..., 2])

@@ -72,10 +72,21 @@ def test_exceptions_reach_the_future_and_inputs_are_copied() -> None:
         scorer.submit(images, ["a"])
 
 
-def test_parallel_workers_use_separate_engines(fake_engine) -> None:
+def test_parallel_workers_use_separate_engines(fake_engine, monkeypatch) -> None:
+    """A job's two slices score at the same time, each on its own engine: every engine call waits at a barrier for
+    the other one, so one worker (or one shared engine used in turn) would break the barrier and score 0."""
+    barrier, users, read = threading.Barrier(2, timeout=5), [], fake_engine.read
+
+    def read_together(self, images):
+        users.append(id(self))
+        barrier.wait()
+        return read(self, images)
+
+    monkeypatch.setattr(fake_engine, "read", read_together)
     reward = build_reward({"model": "ocr", "engine": "fake", "num_workers": 2})
     images = np.stack([coded_image(1, 16, seed=i) for i in range(6)])
     with AsyncRewardScorer(reward, num_workers=2) as scorer:
-        outs = [scorer.submit(images, ['"hello world"'] * 6) for _ in range(4)]
-        assert all(o.result(timeout=5).avg.tolist() == [1.0] * 6 for o in outs)
-    assert 1 <= len(reward.engines._free) <= 2
+        outs = [scorer.submit(images, ['"hello world"'] * 6) for _ in range(2)]  # 2 slices each
+        assert all(o.result(timeout=10).avg.tolist() == [1.0] * 6 for o in outs)
+    assert len(users) == 4 and len(set(users)) == 2 and users[0] != users[1]
+    assert len(reward.engines._free) == 2

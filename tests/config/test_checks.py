@@ -1,0 +1,100 @@
+"""Every schema key has a check, and representative bad values are rejected with one line naming key, value and
+what is allowed (before any model loads)."""
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlrunner.config.checks import KEY_CHECKS, family_sections, leaves, table_key
+from rlrunner.config.errors import RecipeError
+from rlrunner.config.loader import RecipeError as ReexportedRecipeError
+from rlrunner.config.schema import RecipeConfig
+from tests.config.test_loader import load, write_recipe
+
+
+def test_every_schema_leaf_has_a_check_and_every_check_a_leaf():
+    schema = OmegaConf.structured(RecipeConfig)
+    families = family_sections(schema)
+    assert {"tiny", "sd3", "wan22_ti2v_5b", "qwen_image"} <= set(families)
+    keys = {table_key(dotted, families) for dotted, _ in leaves(schema)}
+    assert sorted(keys - set(KEY_CHECKS)) == [], "schema keys without an entry in rlrunner.config.checks.KEY_CHECKS"
+    assert sorted(set(KEY_CHECKS) - keys) == [], "KEY_CHECKS entries for keys the schema no longer has"
+    assert "env.<split>.reward.engine" in keys and "actor.model.<family>.lora_path" in keys  # the walk goes deep
+
+
+def test_recipe_error_lives_in_its_own_module():
+    assert ReexportedRecipeError is RecipeError
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    # registries, train and eval
+    ("env.train.reward.model=ocrr", "env.train.reward.model='ocrr' is not valid (did you mean 'ocr'?); choose one"),
+    ("env.eval.reward.engine=tesseract", "env.eval.reward.engine='tesseract' is not valid; choose one of ['auto'"),
+    ("actor.model.tiny.train_sampler=dpm3", "actor.model.tiny.train_sampler='dpm3' is not valid"),
+    ("algorithm.nft_weight_mode=adaptiv", "(did you mean 'adaptive'?)"),
+    ("runner.logger.logger_backends=[wandb]", "runner.logger.logger_backends=['wandb'] has item 'wandb' that is not"),
+    # numeric ranges that would divide by zero, loop forever or diverge
+    ("runner.weight_sync_interval=0", "runner.weight_sync_interval=0 must be a number >= 1"),
+    ("actor.optim.adam_beta2=1.0", "actor.optim.adam_beta2=1.0 must be a number >= 0 and < 1"),
+    ("actor.optim.lr=0", "actor.optim.lr=0.0 must be a number > 0"),
+    ("actor.optim.clip_grad=-1", "actor.optim.clip_grad=-1.0 must be a number > 0 (max gradient norm)"),
+    ("algorithm.group_size=1", "algorithm.group_size=1 must be a number >= 2"),
+    ("algorithm.nft_tau=1.5", "algorithm.nft_tau=1.5 must be a number in (0, 1]"),
+    ("cluster.num_nodes=0", "cluster.num_nodes=0 must be a number >= 1"),
+    ("actor.model.tiny.lora_alpha=0", "actor.model.tiny.lora_alpha=0 must be a number > 0"),
+    ("env.eval.reward.timeout_s=0", "env.eval.reward.timeout_s=0.0 must be a number > 0"),
+    ("env.train.reward.batch_size=0", "env.train.reward.batch_size=0 must be a number >= 1"),
+    ("runner.seed=-1", "runner.seed=-1 must be a number >= 0 and <= 4.29497e+09"),
+    ("algorithm.nft_clip_ratio=0", "algorithm.nft_clip_ratio=0.0 must be a number > 0 or null"),
+    # paths that must exist
+    ("runner.resume_dir=nowhere/step_3", "runner.resume_dir='nowhere/step_3' does not exist"),
+    ("actor.model.tiny.lora_path=missing_lora", "actor.model.tiny.lora_path='missing_lora' does not exist"),
+    ("env.train.reward.token_file=missing.token", "env.train.reward.token_file='missing.token' does not exist"),
+    # cross-section: a video recipe's frames, advantages and rewards
+    ("actor.model.tiny.num_frames=5", "algorithm.adv_type='grpo' does not fit actor.model.tiny.num_frames=5"),
+    ("algorithm.adv_type=grpo_video", "algorithm.advantage_mode='global' is not valid for algorithm.adv_type="),
+])
+def test_bad_values_are_rejected_with_key_value_and_what_is_allowed(recipe_dir, override, message):
+    with pytest.raises(RecipeError) as err:
+        load(recipe_dir, override)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_resume_dir_auto_and_existing_paths_pass(recipe_dir, tmp_path: Path):
+    (tmp_path / "lora").mkdir()
+    cfg = load(recipe_dir, "runner.resume_dir=auto", f"actor.model.tiny.lora_path={tmp_path / 'lora'}")
+    assert cfg.runner.resume_dir == "auto"
+
+
+def test_video_recipe_needs_matching_reward_and_chunks(recipe_dir):
+    video = ["actor.model.tiny.num_frames=5", "algorithm.adv_type=grpo_video", "algorithm.advantage_mode=video"]
+    with pytest.raises(RecipeError, match=r"env.train.reward.model='ocr' scores images only, but "
+                                          r"actor.model.tiny.num_frames=5; use video_ocr"):
+        load(recipe_dir, *video)
+    video += ["env.train.reward.model=video_ocr", "env.eval.reward.model=video_ocr"]
+    with pytest.raises(RecipeError, match=r"env.train.reward.frame_interval=2 gives 3 chunk rewards for "
+                                          r"actor.model.tiny.num_frames=5, which has 2 latent frames"):
+        load(recipe_dir, *video, "env.train.reward.frame_interval=2")
+    assert load(recipe_dir, *video).algorithm.adv_type == "grpo_video"
+    with pytest.raises(RecipeError, match=r"env.eval.reward.model='video_ocr' scores videos only"):
+        load(recipe_dir, "env.eval.reward.model=video_ocr")
+
+
+def test_multi_reward_parts_are_checked_like_rewards(recipe_dir):
+    def multi(parts):
+        def edit(recipe):
+            recipe["env"]["train"]["reward"] = {"type": "multi", "rewards": parts}
+        return edit
+
+    write_recipe(recipe_dir, "bad_part", multi([{"model": "ocr"}, {"model": "image_stats", "batch_size": 0}]))
+    with pytest.raises(RecipeError, match=r"env.train.reward.rewards\[1\].batch_size=0 must be a number >= 1"):
+        load(recipe_dir, name="bad_part")
+    write_recipe(recipe_dir, "bad_name", multi([{"model": "jpeg_compressibilty"}]))
+    with pytest.raises(RecipeError, match=r"rewards\[0\].model='jpeg_compressibilty' is not valid \(did you mean "
+                                          r"'jpeg_compressibility'\?\)"):
+        load(recipe_dir, name="bad_name")
+    write_recipe(recipe_dir, "bad_key", multi([{"model": "ocr", "engin": "rapidocr"}]))
+    with pytest.raises(RecipeError, match=r"rewards\[0\].engin is not a reward key \(did you mean 'engine'\?\)"):
+        load(recipe_dir, name="bad_key")
