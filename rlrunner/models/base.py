@@ -1,14 +1,11 @@
-"""The one interface every model family implements, and the LoRA plumbing they share.
+"""The one interface every model family implements, and the loading / offloading helpers they share.
 
 A :class:`FlowModel` wraps a rectified-flow denoiser (``x_t = (1 - t) x0 + t eps``, the network predicts
 ``v = eps - x0``) plus whatever turns prompts into conditioning and latents into pixels. Workers only ever
 talk to this interface, so SD3 / Wan / Qwen-Image / tiny differences never leak out of ``models/``.
 
 Two LoRA adapters live on one denoiser: ``default`` (trained by the actor) and ``ema`` (the "old" policy used
-for rollouts and for ``v_old``). Switching between them touches only the LoRA layers collected once at build
-time, never peft's module-wide ``set_adapter`` (which walks every module and toggles ``requires_grad``).
-LoRA tensors are kept in float32 whatever the base dtype, so that AdamW and the EMA (tau down to 0.01) do not
-lose their small updates to bf16 rounding; peft casts the layer input to the adapter dtype and back.
+for rollouts and for ``v_old``); :mod:`rlrunner.models.lora` holds them, ``FlowModel`` forwards to it.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import abc
 import contextlib
 import gc
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,10 +23,7 @@ import torch
 from torch import nn
 
 from rlrunner.algorithms.samplers import sample_flow, sigma_schedule
-
-TRAINED_ADAPTER = "default"
-EMA_ADAPTER = "ema"
-ADAPTERS = (TRAINED_ADAPTER, EMA_ADAPTER)
+from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters
 
 Cond = dict[str, torch.Tensor]
 
@@ -114,11 +107,13 @@ class FlowModel(abc.ABC):
     :meth:`release_text_encoders` / :meth:`release_vae` work for all of them.
     """
 
-    #: diffusers pipeline class whose ``save_lora_weights`` / ``load_lora_weights`` read our adapters
     #: the recipe's ``actor.model.model_type`` of this family
     model_type: str = ""
+    #: diffusers pipeline class whose ``save_lora_weights`` / ``load_lora_weights`` read our adapters
     pipeline_class_name: str = ""
     lora_target_modules: tuple[str, ...] = ()
+    #: the pipeline's name of the denoiser, which prefixes the keys of its LoRA files
+    lora_component: str = "transformer"
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
 
@@ -129,7 +124,7 @@ class FlowModel(abc.ABC):
         self.transformer: nn.Module
         self.text_encoders: dict[str, nn.Module] = {}
         self.vae: nn.Module | None = None
-        self._lora_layers: list[nn.Module] = []
+        self.lora: LoraAdapters | None = None
         self._negative_cond: Cond | None = None
 
     @classmethod
@@ -360,123 +355,48 @@ class FlowModel(abc.ABC):
                 self.load_lora(str(self.cfg.lora_path))
         self._place_components()
 
-    # ------------------------------------------------------------------ LoRA adapters
-    def _add_lora_adapters(self, rank: int, alpha: int, init: str | bool = "gaussian") -> None:
+    # ------------------------------------------------------------------ LoRA adapters (models/lora.py)
+    def _add_lora_adapters(self, rank: int, alpha: int) -> None:
         """Put the ``default`` and ``ema`` LoRA adapters (same init, float32) on the denoiser, base frozen."""
-        from peft import LoraConfig
-        from peft.tuners.tuners_utils import BaseTunerLayer
+        self.lora = LoraAdapters(self.transformer, self.lora_target_modules, rank, alpha)
 
-        self.transformer.requires_grad_(False)
-        lora_config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=init,
-                                 target_modules=list(self.lora_target_modules))
-        with warnings.catch_warnings():  # two adapters on one model is the point here, not a mistake
-            warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
-            for name in ADAPTERS:
-                self.transformer.add_adapter(lora_config, adapter_name=name)
-        self._lora_layers = [m for m in self.transformer.modules() if isinstance(m, BaseTunerLayer)]
-        if not self._lora_layers:
-            raise ValueError(f"no module of {type(self.transformer).__name__} matches the LoRA targets "
-                             f"{list(self.lora_target_modules)}")
-        for pname, param in self.transformer.named_parameters():
-            if any(f".{a}." in pname for a in ADAPTERS):
-                param.data = param.data.float()
-            param.requires_grad_(f".{TRAINED_ADAPTER}." in pname)
-        self.load_lora_state_dict(EMA_ADAPTER, self.lora_state_dict(TRAINED_ADAPTER))
-        self._activate(TRAINED_ADAPTER)
-
-    def _activate(self, adapter: str | None) -> None:
-        # A LoRA layer's forward reads only these two attributes; writing them into the instance dict skips
-        # nn.Module.__setattr__ and shares one list, so a switch costs ~0.01 ms instead of peft's set_adapter
-        # walk over every module (ms per switch, paid twice per micro-batch for v_old).
-        disabled, active = adapter is None, [adapter or TRAINED_ADAPTER]
-        for layer in self._lora_layers:
-            attrs = vars(layer)
-            attrs["_disable_adapters"] = disabled
-            attrs["_active_adapter"] = active
-
-    @contextlib.contextmanager
-    def use_adapter(self, adapter: str | None) -> Iterator[None]:
+    def use_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         """Run the block with ``adapter`` active (``None``: base model), then restore ``default``."""
         if adapter is not None and adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)} or None (base model)")
-        if adapter is not None and not self._lora_layers:
-            raise ValueError(f"adapter {adapter!r} asked for, but this model has no LoRA (use_lora: false)")
-        self._activate(adapter)
-        try:
-            yield
-        finally:
-            if self._lora_layers:
-                self._activate(TRAINED_ADAPTER)
+        if self.lora is None:
+            if adapter is not None:
+                raise ValueError(f"adapter {adapter!r} asked for, but this model has no LoRA (use_lora: false)")
+            return contextlib.nullcontext()
+        return self.lora.use(adapter)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.transformer.parameters() if p.requires_grad]
 
     def adapter_parameters(self, adapter: str) -> list[torch.Tensor]:
         """The adapter's LoRA tensors in a fixed order (the same order for both adapters)."""
-        return [p for n, p in self.transformer.named_parameters() if f".{adapter}." in n]
+        return self._adapters().parameters(adapter)
 
     def lora_state_dict(self, adapter: str) -> dict[str, torch.Tensor]:
         """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached copies, CPU)."""
-        return {n.replace(f".{adapter}.", "."): p.detach().cpu().clone()
-                for n, p in self.transformer.named_parameters() if f".{adapter}." in n}
+        return self._adapters().state_dict(adapter)
 
-    @torch.no_grad()
     def load_lora_state_dict(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
         """Copy ``state`` (as returned by :meth:`lora_state_dict`) into ``adapter``; keys and shapes must match."""
-        params = {n.replace(f".{adapter}.", "."): p for n, p in self.transformer.named_parameters()
-                  if f".{adapter}." in n}
-        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
-        if missing or unexpected:
-            raise ValueError(f"LoRA state does not match the {adapter!r} adapter: missing {missing[:3]}"
-                             f"{'...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
-                             f"{'...' if len(unexpected) > 3 else ''} (different model or LoRA targets?)")
-        for name, param in params.items():
-            if param.shape != state[name].shape:
-                raise ValueError(f"LoRA tensor {name} has shape {tuple(state[name].shape)}, the model expects "
-                                 f"{tuple(param.shape)} (different lora_rank or model?)")
-            param.copy_(state[name].to(param.device, param.dtype))
-
-    def _lora_config_dict(self, adapter: str) -> dict[str, Any]:
-        config = self.transformer.peft_config[adapter].to_dict()
-        config["target_modules"] = sorted(config["target_modules"])
-        return {k: v for k, v in config.items() if k in ("r", "lora_alpha", "target_modules", "init_lora_weights",
-                                                            "lora_dropout", "bias", "use_rslora", "use_dora")}
+        self._adapters().load_state_dict(adapter, state)
 
     def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
-        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it.
-
-        The LoRA config (rank, alpha, targets) goes into the safetensors metadata, so the loader applies the
-        same ``alpha / rank`` scale as training did.
-        """
-        import diffusers
-
-        state = {k: v.contiguous() for k, v in self.lora_state_dict(adapter).items()}
-        pipeline_cls = getattr(diffusers, self.pipeline_class_name)
-        pipeline_cls.save_lora_weights(directory, transformer_lora_layers=state, safe_serialization=True,
-                                       transformer_lora_adapter_metadata=self._lora_config_dict(adapter))
+        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it."""
+        self._adapters().save(directory, adapter, self.pipeline_class_name, self.lora_component)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save_lora`) into ``adapters``."""
-        import diffusers
+        self._adapters().load(path, adapters, self.pipeline_class_name, self.lora_component)
 
-        pipeline_cls = getattr(diffusers, self.pipeline_class_name)
-        try:
-            state, metadata = pipeline_cls.lora_state_dict(path, return_lora_metadata=True)
-        except (OSError, ValueError) as err:
-            raise FileNotFoundError(f"lora_path {path!r}: cannot read a diffusers LoRA there "
-                                    f"({str(err).splitlines()[0]})") from err
-        prefix = "transformer."
-        state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-        metadata = {k.removeprefix(prefix): v for k, v in (metadata or {}).items() if k.startswith(prefix)}
-        ours = self._lora_config_dict(TRAINED_ADAPTER)
-        if metadata and metadata.get("lora_alpha", ours["lora_alpha"]) / metadata.get("r", ours["r"]) != (
-            ours["lora_alpha"] / ours["r"]
-        ):
-            raise ValueError(f"lora_path {path!r} was trained with rank {metadata.get('r')} / alpha "
-                             f"{metadata.get('lora_alpha')}, the recipe sets lora_rank {ours['r']} / lora_alpha "
-                             f"{ours['lora_alpha']}; make them match")
-        for adapter in adapters:
-            self.load_lora_state_dict(adapter, state)
+    def _adapters(self) -> LoraAdapters:
+        if self.lora is None:
+            raise ValueError("this model has no LoRA adapters (use_lora: false)")
+        return self.lora
 
 
 def _collect(device: torch.device) -> None:
