@@ -16,19 +16,12 @@ from typing import Any
 import Levenshtein
 import numpy as np
 
-from .base import (
-    Reward,
-    RewardOutput,
-    RewardSpec,
-    all_failed,
-    as_uint8,
-    check_prompts,
-    error_summary,
-    is_blank,
-    reason_key,
-    register_reward,
-)
+from rlrunner.config.schema import RewardConfig
+
 from .engines import MIN_TEXT_SCORE, Line, OcrEngine, build_engine, default_num_threads
+from .inputs import all_failed, as_uint8, check_prompts, error_summary, is_blank, reason_key
+from .output import RewardOutput
+from .registry import Reward, register_reward
 
 
 def extract_target(prompt: str) -> str:
@@ -87,7 +80,7 @@ class EnginePool:
     The first engine is built eagerly so that a missing or broken engine fails at ``build_reward`` time.
     """
 
-    def __init__(self, spec: RewardSpec) -> None:
+    def __init__(self, spec: RewardConfig) -> None:
         self._kwargs: dict[str, Any] = {
             "lang": spec.lang,
             "use_gpu": spec.use_gpu,
@@ -134,7 +127,7 @@ class OcrReward(Reward):
 
     name = "ocr"
 
-    def __init__(self, spec: RewardSpec, engines: EnginePool | None = None) -> None:
+    def __init__(self, spec: RewardConfig, engines: EnginePool | None = None) -> None:
         super().__init__(spec)
         self.engines = engines if engines is not None else EnginePool(spec)
 
