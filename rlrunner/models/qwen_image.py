@@ -154,7 +154,7 @@ class QwenImageFlowModel(FlowModel):
         images = []
         with self.vae_on_device() as vae:
             mean, std = vae_latent_stats(vae, self.device)
-            for chunk in latents.split(self.decode_batch_size):
-                z = chunk.to(self.device, torch.float32)[:, :, None] * std + mean
+            for part in latents.split(self.decode_batch_size):
+                z = part.to(self.device, torch.float32)[:, :, None] * std + mean
                 images.append(to_uint8(vae.decode(z, return_dict=False)[0][:, :, 0]))
         return np.concatenate(images)

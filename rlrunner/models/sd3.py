@@ -111,7 +111,7 @@ class SD3FlowModel(FlowModel):
         images = []
         with self.vae_on_device() as vae:
             scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
-            for chunk in latents.split(self.decode_batch_size):
-                z = chunk.to(self.device, torch.float32) / scale + shift
+            for part in latents.split(self.decode_batch_size):
+                z = part.to(self.device, torch.float32) / scale + shift
                 images.append(to_uint8(vae.decode(z, return_dict=False)[0]))
         return np.concatenate(images)

@@ -158,8 +158,8 @@ class WanFlowModel(FlowModel):
         videos = []
         with self.vae_on_device() as vae:
             mean, std = vae_latent_stats(vae, self.device)
-            for chunk in latents.split(self.decode_batch_size):
-                z = chunk.to(self.device, torch.float32) * std + mean
+            for part in latents.split(self.decode_batch_size):
+                z = part.to(self.device, torch.float32) * std + mean
                 video = vae.decode(z, return_dict=False)[0]  # [b, 3, F, H, W] in [-1, 1]
                 videos.append(to_uint8(video))
         videos = np.concatenate(videos)

@@ -162,8 +162,8 @@ class OcrReward(Reward):
         todo = [i for i, r in enumerate(reasons) if r is None]
         texts = [""] * len(images)
         for start in range(0, len(todo), self.spec.batch_size):
-            chunk = todo[start : start + self.spec.batch_size]
-            for i, text in zip(chunk, self._recognize([images[i] for i in chunk], reasons, chunk)):
+            engine_batch = todo[start : start + self.spec.batch_size]
+            for i, text in zip(engine_batch, self._recognize([images[i] for i in engine_batch], reasons, engine_batch)):
                 texts[i] = filter_alphabet(text, self.spec.alphabet)
         scores = np.zeros(len(images), dtype=np.float32)
         for i, (text, prompt) in enumerate(zip(texts, prompts)):

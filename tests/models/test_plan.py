@@ -137,7 +137,7 @@ def test_activation_formula_by_hand():
 
 
 def test_fsdp2_shards_the_actor_over_its_ranks():
-    geometry = StepGeometry(samples=16, group_size=4, rollout_workers=1, actor_ranks=4, rollout_chunks=1,
+    geometry = StepGeometry(samples=16, group_size=4, rollout_workers=1, actor_ranks=4, rollout_rounds=1,
                             micro_batch_size=2, cfg_factor=1, num_logged_samples=4)
     ddp = {p.name: p.nbytes for p in actor_plan(_toy_sizes(), geometry, "ddp", True).parts}
     fsdp = {p.name: p.nbytes for p in actor_plan(_toy_sizes(), geometry, "fsdp2", True).parts}
