@@ -165,12 +165,6 @@ class FlowModel(abc.ABC):
         """Whether :meth:`decode` returns frames ``[B, F, H, W, 3]`` (video families at num_frames 1 do not)."""
         return len(self.latent_shape) == 4
 
-    def make_noise(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Starting noise ``[batch_size, *latent_shape]`` (float32, on ``self.device``) from ``generator``."""
-        gen_device = generator.device if generator is not None else self.device
-        noise = torch.randn((batch_size, *self.latent_shape), generator=generator, device=gen_device)
-        return noise.to(self.device)
-
     def concat_cond(self, conds: list[Cond]) -> Cond:
         """Concatenate conditionings along the batch (families with ragged text lengths override this)."""
         return {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
@@ -178,13 +172,6 @@ class FlowModel(abc.ABC):
     def repeat_cond(self, cond: Cond, repeats: int) -> Cond:
         """Each row ``repeats`` times, contiguously (``[p0, p0, p1, p1]``): one prompt group per prompt."""
         return {k: v.repeat_interleave(repeats, dim=0) for k, v in cond.items()}
-
-    def encode_prompt_batch(self, prompts: list[str]) -> Cond:
-        """Like :meth:`encode_prompts` but runs the text encoders once per distinct prompt (groups repeat them)."""
-        unique = list(dict.fromkeys(prompts))
-        cond = self.encode_prompts(unique)
-        index = torch.tensor([unique.index(p) for p in prompts], device=self.device)
-        return {k: v.index_select(0, index.to(v.device)) for k, v in cond.items()}
 
     def negative_cond(self, batch_size: int) -> Cond:
         """Conditioning of ``cfg.negative_prompt`` (encoded once, cached) repeated to ``batch_size`` rows."""
@@ -245,40 +232,6 @@ class FlowModel(abc.ABC):
 
         with self.use_adapter(adapter):
             return sample_flow(velocity_fn, noise, sigmas, sampler=sampler, return_trajectory=return_trajectory)
-
-    # ------------------------------------------------------------------ reference: the diffusers pipeline itself
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        """Arguments of ``self.pipe(...)`` that reproduce ``sample(cond, noise)`` without CFG (per family)."""
-        raise NotImplementedError(f"{type(self).__name__} has no diffusers pipeline to compare with")
-
-    def _from_pipeline_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        return latents
-
-    @torch.no_grad()
-    def pipeline_sample(self, cond: Cond, noise: torch.Tensor, *, num_steps: int,
-                        adapter: str | None = EMA_ADAPTER) -> torch.Tensor:
-        """The rollout of :meth:`sample` (Euler, no CFG) through the diffusers pipeline's own ``__call__``.
-
-        The pipeline's scheduler is swapped, for the call only, for a flow-matching Euler scheduler on the same
-        sigma grid, so the result equals ``sample(..., sampler="euler")`` (to float rounding of the grid). For
-        tests and ``bench/rollout_overhead.py``. Returns x0 ``[B, *latent_shape]``.
-        """
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        class GridEulerScheduler(FlowMatchEulerDiscreteScheduler):
-            def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
-                grid = np.linspace(1.0, 0.0, (num_inference_steps or len(sigmas)) + 1)[:-1]
-                super().set_timesteps(sigmas=grid.tolist(), device=device)
-
-        original = self.pipe.scheduler
-        self.pipe.scheduler = GridEulerScheduler(shift=float(self.cfg.shift))
-        try:
-            with self.use_adapter(adapter):
-                out = self.pipe(**self._pipeline_kwargs(cond, noise), num_inference_steps=num_steps,
-                                output_type="latent", return_dict=False)[0]
-        finally:
-            self.pipe.scheduler = original
-        return self._from_pipeline_latents(out)
 
     # ------------------------------------------------------------------ text encoders / VAE placement
     @contextlib.contextmanager

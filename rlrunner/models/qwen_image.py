@@ -140,14 +140,6 @@ class QwenImageFlowModel(FlowModel):
         )[0]
         return unpack_latents(packed, h, w)
 
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        return {"prompt_embeds": cond["prompt_embeds"], "prompt_embeds_mask": cond["prompt_mask"],
-                "latents": pack_latents(noise), "height": self.height, "width": self.width, "true_cfg_scale": 1.0}
-
-    def _from_pipeline_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        _, h, w = self.latent_shape
-        return unpack_latents(latents, h, w)
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""

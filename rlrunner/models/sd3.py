@@ -101,10 +101,6 @@ class SD3FlowModel(FlowModel):
             return_dict=False,
         )[0]
 
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        return {"prompt_embeds": cond["prompt_embeds"], "pooled_prompt_embeds": cond["pooled_prompt_embeds"],
-                "latents": noise, "height": self.height, "width": self.width, "guidance_scale": 1.0}
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""

@@ -147,10 +147,6 @@ class WanFlowModel(FlowModel):
             return_dict=False,
         )[0]
 
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": self.height,
-                "width": self.width, "num_frames": self.num_frames, "guidance_scale": 1.0}
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """latents ``[B, C, F', h, w]`` -> uint8 frames ``[B, num_frames, H, W, 3]`` (``[B, H, W, 3]`` when

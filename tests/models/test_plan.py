@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from family_helpers import make_noise
 from omegaconf import OmegaConf
 
 from rlrunner.config.schema import ModelConfig
@@ -94,7 +95,7 @@ def test_sample_shapes_are_what_the_family_produces(load_tiny, model_type):
             assert cond[name].shape[1] <= shape[0] and cond[name].shape[2:] == shape[1:]
         else:
             assert cond[name].shape[1:] == shape
-    x0 = model.sample(cond, model.make_noise(2), sampler="euler", num_steps=1)
+    x0 = model.sample(cond, make_noise(model, 2), sampler="euler", num_steps=1)
     assert x0.shape[1:] == model.shapes.latent
     assert model.decode(x0).shape[1:] == model.shapes.pixels
 
