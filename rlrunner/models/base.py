@@ -111,6 +111,8 @@ class FlowModel(abc.ABC):
     model_type: str = ""
     #: diffusers pipeline class whose ``save_lora_weights`` / ``load_lora_weights`` read our adapters
     pipeline_class_name: str = ""
+    #: diffusers class of the family's VAE, loaded in float32 (the decoding precision) by :meth:`load`
+    vae_class_name: str = ""
     lora_target_modules: tuple[str, ...] = ()
     #: the pipeline's name of the denoiser, which prefixes the keys of its LoRA files
     lora_component: str = "transformer"
@@ -128,12 +130,13 @@ class FlowModel(abc.ABC):
         self._negative_cond: Cond | None = None
 
     @classmethod
-    def from_diffusers(cls, pipeline_cls: type, vae_cls: type, model_path: str, family_cfg: Any, *,
-                       device: torch.device, dtype: torch.dtype) -> FlowModel:
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> FlowModel:
         """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``."""
+        import diffusers
+
         path = check_model_path(model_path, cls.pipeline_class_name, cls.model_type)
-        vae = load_pipeline(vae_cls, path, subfolder="vae", dtype=torch.float32)
-        pipe = load_pipeline(pipeline_cls, path, vae=vae, dtype=dtype)
+        vae = load_pipeline(getattr(diffusers, cls.vae_class_name), path, subfolder="vae", dtype=torch.float32)
+        pipe = load_pipeline(getattr(diffusers, cls.pipeline_class_name), path, vae=vae, dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, family_cfg, device=device, dtype=dtype)
 

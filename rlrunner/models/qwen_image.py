@@ -53,6 +53,7 @@ class QwenImageFlowModel(FlowModel):
 
     model_type = "qwen_image"
     pipeline_class_name = "QwenImagePipeline"
+    vae_class_name = "AutoencoderKLQwenImage"
     # joint-attention projections of both streams, as SD3's targets
     lora_target_modules = (
         "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
@@ -72,14 +73,6 @@ class QwenImageFlowModel(FlowModel):
         self.height, self.width = resolution_hw(family_cfg.resolution)
         self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
-
-    @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> QwenImageFlowModel:
-        """Load from a local diffusers folder or a hub id; transformer / text encoder in ``dtype``, VAE fp32."""
-        from diffusers import AutoencoderKLQwenImage, QwenImagePipeline
-
-        return cls.from_diffusers(QwenImagePipeline, AutoencoderKLQwenImage, model_path, family_cfg,
-                                  device=device, dtype=dtype)
 
     @classmethod
     def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:

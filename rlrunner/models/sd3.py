@@ -32,6 +32,7 @@ class SD3FlowModel(FlowModel):
 
     model_type = "sd3"
     pipeline_class_name = "StableDiffusion3Pipeline"
+    vae_class_name = "AutoencoderKL"
     # the reference code's targets (flow_grpo / DiffusionNFT); "attn.*" leaves SD3.5's extra attn2 untouched
     lora_target_modules = (
         "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
@@ -50,14 +51,6 @@ class SD3FlowModel(FlowModel):
         if int(family_cfg.max_sequence_length) > 512:
             raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
         self._setup_transformer()
-
-    @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> SD3FlowModel:
-        """Load from a local diffusers folder or a hub id; transformer / text encoders in ``dtype``, VAE fp32."""
-        from diffusers import AutoencoderKL, StableDiffusion3Pipeline
-
-        return cls.from_diffusers(StableDiffusion3Pipeline, AutoencoderKL, model_path, family_cfg,
-                                  device=device, dtype=dtype)
 
     @classmethod
     def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:

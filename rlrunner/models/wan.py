@@ -50,6 +50,7 @@ class WanFlowModel(FlowModel):
 
     model_type = "wan22_ti2v_5b"
     pipeline_class_name = "WanPipeline"
+    vae_class_name = "AutoencoderKLWan"
     # the reference code's targets: self- and cross-attention projections and the FFN
     lora_target_modules = (
         "attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
@@ -76,14 +77,6 @@ class WanFlowModel(FlowModel):
         self.patch_size = tuple(self.transformer.config.patch_size)
         self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
-
-    @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> WanFlowModel:
-        """Load from a local diffusers folder or a hub id; transformer / UMT5 in ``dtype``, VAE fp32."""
-        from diffusers import AutoencoderKLWan, WanPipeline
-
-        return cls.from_diffusers(WanPipeline, AutoencoderKLWan, model_path, family_cfg,
-                                  device=device, dtype=dtype)
 
     @property
     def is_video(self) -> bool:

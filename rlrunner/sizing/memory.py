@@ -102,7 +102,7 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     """Build every component of ``folder`` on the meta device and size it at ``model_cfg.precision``.
 
     The denoiser, text encoders and tiny encoders load in the recipe's precision, the VAE in fp32 (as
-    :meth:`FlowModel.from_diffusers` loads them); LoRA uses the family's targets and the recipe's rank/alpha.
+    :meth:`FlowModel.load` loads them); LoRA uses the family's targets and the recipe's rank/alpha.
     """
     family = model_class(model_cfg.model_type)
     family_cfg = model_cfg[model_cfg.model_type]
