@@ -5,12 +5,13 @@ Layout of ``<log_dir>/checkpoints/global_step_N/``::
     manifest.json                 written last; a directory without it is not a checkpoint
     config.yaml                   the resolved recipe
     runner.pt                     global step, prompt-sampler states, driver RNG
-    actor/rank_<r>.pt             per data-parallel rank: both adapters, optimizer, LR scheduler, RNG
+    actor/rank_0.pt               the actor's state, the same for every strategy and rank count: both adapters
+                                  (full tensors), optimizer state keyed by parameter name, LR scheduler, RNG
     adapter/                      the trained adapter in diffusers' LoRA format (pipe.load_lora_weights)
     adapter_ema/                  the EMA adapter, same format
 
 Everything is written to ``global_step_N.tmp`` and renamed when complete, so a crash mid-write leaves the
-previous checkpoint as the newest valid one.
+previous checkpoint as the newest valid one. A run saved with n actor ranks resumes with any number of ranks.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+# 2: one rank-independent actor state, optimizer state keyed by parameter name (1: per-rank, keyed by index)
+FORMAT_VERSION = 2
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -44,7 +46,10 @@ def step_dir(root: Path, step: int) -> Path:
 def save_checkpoint(root: Path, step: int, *, runner_state: dict[str, Any], actor_states: list[dict[str, Any]],
                     config_yaml: str, model_info: dict[str, Any], write_adapters: Callable[[Path], None],
                     keep_last_n: int = 0) -> Path:
-    """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last_n`` (0 keeps all)."""
+    """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last_n`` (0 keeps all).
+
+    ``actor_states``: ``[state]``, the actor's rank-independent state (its ``world_size`` goes to the manifest).
+    """
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -55,7 +60,7 @@ def save_checkpoint(root: Path, step: int, *, runner_state: dict[str, Any], acto
         torch.save(state, tmp / "actor" / f"rank_{rank}.pt")
     write_adapters(tmp)
     manifest = {"format_version": FORMAT_VERSION, "global_step": step, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "actor_world_size": len(actor_states), **model_info}
+                "actor_world_size": actor_states[0].get("world_size", 1), **model_info}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     if final.exists():  # a re-save of the same step (e.g. after resuming from it) replaces it
         shutil.rmtree(final)
@@ -104,26 +109,28 @@ def resolve_resume_dir(resume_dir: str, log_root: Path, run_name: str) -> Path:
 
 
 def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: int) -> dict[str, Any]:
-    """Read and check a checkpoint; returns ``{"manifest", "runner", "actor": [per-rank states]}``."""
+    """Read and check a checkpoint; returns ``{"manifest", "runner", "actor": [state]}`` (one rank-independent
+    actor state, for all ``actor_world_size`` ranks of the resuming run)."""
     if not (path / MANIFEST).is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint: {MANIFEST} is missing (interrupted save?); "
                               f"use an earlier global_step_N or runner.resume_dir=auto")
     manifest = json.loads((path / MANIFEST).read_text())
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format_version {manifest.get('format_version')}, this rlrunner "
+                              f"reads {FORMAT_VERSION}; resume it with the rlrunner version that wrote it")
     for key, expected in model_info.items():
         if manifest.get(key) != expected:
             raise CheckpointError(f"checkpoint {path} was made with {key}={manifest.get(key)!r}, this recipe has "
                                   f"{key}={expected!r}; resume with the same model and LoRA settings")
-    if manifest["actor_world_size"] != actor_world_size:
-        raise CheckpointError(f"checkpoint {path} has {manifest['actor_world_size']} actor rank(s), the placement "
-                              f"gives {actor_world_size}; resume with the same actor placement")
-    missing = [name for name in ["runner.pt", *(f"actor/rank_{r}.pt" for r in range(actor_world_size))]
-               if not (path / name).is_file()]
+    missing = [name for name in ("runner.pt", "actor/rank_0.pt") if not (path / name).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing {missing}")
-    actor = [torch.load(path / "actor" / f"rank_{r}.pt", weights_only=False) for r in range(actor_world_size)]
-    for rank, state in enumerate(actor):
-        if "ema" not in state["adapters"]:
-            logger.warning("checkpoint %s rank %d has no EMA adapter: EMA restarts from the trained adapter, so "
-                           "this resume is NOT exact", path, rank)
-            state["adapters"]["ema"] = dict(state["adapters"]["default"])
-    return {"manifest": manifest, "runner": torch.load(path / "runner.pt", weights_only=False), "actor": actor}
+    if manifest["actor_world_size"] != actor_world_size:
+        logger.info("checkpoint %s was saved by %d actor rank(s); resuming on %d", path, manifest["actor_world_size"],
+                    actor_world_size)
+    state = torch.load(path / "actor" / "rank_0.pt", weights_only=False)
+    if "ema" not in state["adapters"]:
+        logger.warning("checkpoint %s has no EMA adapter: EMA restarts from the trained adapter, so this resume is "
+                       "NOT exact", path)
+        state["adapters"]["ema"] = dict(state["adapters"]["default"])
+    return {"manifest": manifest, "runner": torch.load(path / "runner.pt", weights_only=False), "actor": [state]}

@@ -25,6 +25,7 @@ from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
 from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint
 from rlrunner.cluster import create_cluster, write_placement_report
+from rlrunner.cluster.parallelize import optimizer_step_shards
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.data.prompts import PromptSampler, load_prompts
@@ -243,15 +244,18 @@ class Runner:
             active.call("onload")
 
     def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
-        """Train on the step's samples in a seeded order: rank r gets the r-th of ``ranks`` equal consecutive slices
-        of the permutation, as sample indices with their advantages, plus the handles of every rollout shard's
-        training part (it fetches them itself)."""
+        """Train on the step's samples in a seeded order: optimizer step k takes the k-th ``global_batch_size``
+        window of the permutation and rank r the r-th equal slice of each window, as sample indices with their
+        positions and advantages, plus the handles of every rollout shard's training part (it fetches them itself)."""
         self.hand_device_to("actor")
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
         order = torch.randperm(rollout.num_samples, generator=generator)
-        shards = order.reshape(self.actor.world_size, -1)
-        metrics = _mean_dicts(self.actor.scatter("update", [(rollout.train, index, advantages[index], self.step)
-                                                            for index in shards]))
+        # positions in the shuffled order, cut into optimizer-step windows shared by the ranks; a sample's position
+        # seeds its training noise, so the result does not depend on the number of ranks
+        positions = optimizer_step_shards(rollout.num_samples, self.cfg.actor.global_batch_size, self.actor.world_size)
+        metrics = _mean_dicts(self.actor.scatter("update", [
+            (rollout.train, order[position], position, advantages[order[position]], self.step) for position in positions
+        ]))
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
         if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
             raise RuntimeError(f"{self.nonfinite_in_a_row} steps in a row had a NaN/inf loss or gradient (optimizer "
@@ -260,7 +264,7 @@ class Runner:
 
     def sync_weights(self) -> None:
         """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
-        self.rollout_adapters = self.actor.call_rank(0, "lora_weights")
+        self.rollout_adapters = self.actor.call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
         self.rollout.call("sync_weights", self.rollout_adapters)
 
     def evaluate(self) -> dict[str, float]:
@@ -311,9 +315,9 @@ class Runner:
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
         path = save_checkpoint(
-            root, self.step, runner_state=state, actor_states=self.actor.call("state_dict"),
+            root, self.step, runner_state=state, actor_states=self.actor.call("state_dict")[:1],  # rank-independent
             config_yaml=to_yaml(self.cfg), model_info=self.model_info,
-            write_adapters=lambda d: self.actor.scatter("save_adapters", [(str(d),)] + [(None,)] * (self.actor.world_size - 1)),
+            write_adapters=lambda d: self.actor.call("save_adapters", str(d)),
             keep_last_n=self.cfg.runner.keep_last_n,
         )
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
@@ -328,7 +332,7 @@ class Runner:
             return
         path = resolve_resume_dir(resume_dir, log_root, run_name)
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
-        self.actor.scatter("load_state_dict", [(state,) for state in ckpt["actor"]])
+        self.actor.call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]

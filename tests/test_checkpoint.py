@@ -143,8 +143,10 @@ def test_mismatched_or_partial_checkpoints_are_rejected_by_name(uninterrupted, t
     info = {k: manifest[k] for k in MODEL_INFO_KEYS}
     with pytest.raises(CheckpointError, match=r"lora_rank=4, this recipe has lora_rank=8"):
         load_checkpoint(ckpt, {**info, "lora_rank": 8}, actor_world_size=1)
-    with pytest.raises(CheckpointError, match=r"has 1 actor rank\(s\), the placement gives 2"):
-        load_checkpoint(ckpt, info, actor_world_size=2)
+    old_format = shutil.copytree(ckpt, tmp_path / "old" / "global_step_3")
+    (old_format / "manifest.json").write_text(__import__("json").dumps({**manifest, "format_version": 1}))
+    with pytest.raises(CheckpointError, match=r"has format_version 1, this rlrunner reads 2"):
+        load_checkpoint(old_format, info, actor_world_size=1)
     partial = shutil.copytree(ckpt, tmp_path / "global_step_3")
     (partial / "actor/rank_0.pt").unlink()
     with pytest.raises(CheckpointError, match=r"missing \['actor/rank_0.pt'\]"):

@@ -49,7 +49,7 @@ def test_nft_loss_gradients_and_update_are_the_same_with_conditioning_once_per_p
     adapters = []
     for batch in (repeated, train):  # a whole update from the same initial adapters
         actor = ActorWorker(cfg.actor, cfg.algorithm, num_train_steps=2)
-        actor.update([batch], order, advantages[order], step=0)
+        actor.update([batch], order, torch.arange(12), advantages[order], step=0)
         adapters.append(actor.lora_weights())
     for name, state in adapters[0].items():
         assert all(torch.equal(tensor, adapters[1][name][key]) for key, tensor in state.items()), name
@@ -58,10 +58,10 @@ def test_nft_loss_gradients_and_update_are_the_same_with_conditioning_once_per_p
 class SpyActor(ActorWorker):
     """The actor worker, recording what each ``update`` received (in its own Ray process)."""
 
-    def update(self, rollout, index, advantages, step):
+    def update(self, rollout, index, sample_index, advantages, step):
         self.seen = [*getattr(self, "seen", []), [(type(part).__name__, sorted(part.tensors), sorted(part.per_prompt),
                                                   len(part)) for part in rollout]]
-        return super().update(rollout, index, advantages, step)
+        return super().update(rollout, index, sample_index, advantages, step)
 
     def received(self) -> list:
         return self.seen
@@ -130,10 +130,11 @@ def test_with_ray_the_driver_holds_only_logged_samples_and_the_actor_no_pixels(t
     for _, method, results in fetched:
         if method == "collect":
             assert all(t.shape[0] <= 8 and t.ndim <= 2 for t in _tensors(results))
-    # and it sent the env and actor workers handles, plus the actor's sample indices and advantages ([8] each)
+    # and it sent the env and actor workers handles, plus the actor's sample indices, their positions in the
+    # training order and advantages ([8] each)
     assert all(not tensors for role, method, tensors in sent if method == "submit")
     update_tensors = [t for role, method, tensors in sent if method == "update" for t in tensors]
-    assert len(update_tensors) == 2 * 2 and all(t.shape == (8,) for t in update_tensors)
+    assert len(update_tensors) == 2 * 3 and all(t.shape == (8,) for t in update_tensors)
     # the actor received the training parts of the 2 rollout shards (one per async-reward chunk), without pixels
     assert received == [[("Batch", ["x0"], ["cond.text_emb"], 4)] * 2] * 2
 

@@ -146,7 +146,9 @@ def training_timesteps(
     return torch.linspace(1.0, 0.0, num_steps + 1, device=device, dtype=dtype)
 
 
-def sample_xt(x0: Tensor, num_steps: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def sample_xt(
+    x0: Tensor, num_steps: int, generator: torch.Generator | list[torch.Generator] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """Draw a training noise level per sample and noise the clean latents.
 
     ``k ~ U{0..num_steps-1}``, ``t = linspace(1, 0, num_steps + 1)[k]``, fresh ``ε ~ N(0, I)``,
@@ -155,15 +157,28 @@ def sample_xt(x0: Tensor, num_steps: int, generator: torch.Generator | None = No
     Args:
         x0: ``[B, ...]`` clean latents.
         num_steps: the sampler's step count.
-        generator: optional ``torch.Generator`` on x0's device, for replayable draws.
+        generator: optional ``torch.Generator`` on x0's device for replayable draws, or a list of ``B``
+            generators, one per sample (sample i draws its k, then its ε, from ``generator[i]``), so that a
+            sample's noise does not depend on which other samples share its batch.
 
     Returns:
         ``(x_t [B, ...] in x0's dtype, t [B] float32, noise [B, ...] in x0's dtype)``.
     """
     grid = training_timesteps(num_steps, device=x0.device)
-    k = torch.randint(0, num_steps, (x0.shape[0],), generator=generator, device=x0.device)
+    if isinstance(generator, list):
+        if len(generator) != x0.shape[0]:
+            raise ValueError(f"{len(generator)} generators for a batch of {x0.shape[0]} samples")
+        draws = [_draw_k_eps(x0[:1], num_steps, g) for g in generator]
+        k, noise = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
+    else:
+        k, noise = _draw_k_eps(x0, num_steps, generator)
     t = grid[k]
-    noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=torch.float32)
     t_b = t.reshape(-1, *([1] * (x0.dim() - 1)))
     x_t = (1 - t_b) * x0.float() + t_b * noise
     return x_t.to(x0.dtype), t, noise.to(x0.dtype)
+
+
+def _draw_k_eps(x0: Tensor, num_steps: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Grid indices ``[B]`` then float32 noise shaped like ``x0``, in that order from ``generator``."""
+    k = torch.randint(0, num_steps, (x0.shape[0],), generator=generator, device=x0.device)
+    return k, torch.randn(x0.shape, generator=generator, device=x0.device, dtype=torch.float32)

@@ -18,7 +18,7 @@ workers as values (Ray: object references fetched by the receiving process; in-p
 """
 
 from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation
-from rlrunner.cluster.distributed import all_reduce_mean, init_distributed
+from rlrunner.cluster.distributed import init_distributed
 from rlrunner.cluster.factory import BACKENDS, create_cluster
 from rlrunner.cluster.placement import COMPONENTS, Placement, PlacementError, format_devices, parse_placement
 from rlrunner.cluster.report import write_placement_report
@@ -34,7 +34,6 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerLocation",
-    "all_reduce_mean",
     "create_cluster",
     "detect_device_type",
     "detect_devices_per_node",

@@ -2,8 +2,9 @@
 
 The cluster backend gives every worker of a group the usual env vars before its constructor runs
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``); a worker
-that averages gradients calls :func:`init_distributed` in its constructor and :func:`all_reduce_mean` after
-backward. Under Ray each worker sees only its own accelerator, as device 0.
+that averages gradients calls :func:`init_distributed` in its constructor and then trains through
+:func:`rlrunner.cluster.parallelize.parallelize` (DDP or FSDP2). Under Ray each worker sees only its own
+accelerator, as device 0.
 """
 
 from __future__ import annotations
@@ -91,14 +92,6 @@ def init_distributed(rank: int, world_size: int, device_type: str, timeout_s: fl
         backend=DIST_BACKENDS[device_type], rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
     )
     return True
-
-
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Average ``tensor`` over the group in place (no-op without a process group); returns it."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        tensor.div_(dist.get_world_size())
-    return tensor
 
 
 def _local_device_index(visible: int) -> int:

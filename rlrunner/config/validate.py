@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.nft_xcur_source": ("resample",),
     "algorithm.nft_decay_type": ("", "copy", "linear_to_0_5", "delayed_linear_to_0_999"),
     "algorithm.reward_signal": ("reward", "none", "shuffle"),
+    "actor.strategy": ("ddp", "fsdp2"),
     "actor.model.precision": ("bf16", "fp16", "fp32"),
     "actor.model.device": ("auto", "cpu", "cuda", "npu"),
     "actor.optim.optimizer": ("adamw",),

@@ -334,16 +334,21 @@ class FlowModel(abc.ABC):
         return self._adapters().parameters(adapter)
 
     def lora_state_dict(self, adapter: str) -> dict[str, torch.Tensor]:
-        """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached copies, CPU)."""
+        """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached full copies, CPU).
+
+        Tensors sharded over ranks (DTensors) are gathered, so every rank of the group must call it.
+        """
         return self._adapters().state_dict(adapter)
 
     def load_lora_state_dict(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
         """Copy ``state`` (as returned by :meth:`lora_state_dict`) into ``adapter``; keys and shapes must match."""
         self._adapters().load_state_dict(adapter, state)
 
-    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER) -> None:
-        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it."""
-        self._adapters().save(directory, adapter, self.pipeline_class_name, self.lora_component)
+    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER,
+                  state: dict[str, torch.Tensor] | None = None) -> None:
+        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it; ``state``: the
+        adapter's :meth:`lora_state_dict` when the caller already has it (default: read it now)."""
+        self._adapters().save(directory, adapter, self.pipeline_class_name, self.lora_component, state)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save_lora`) into ``adapters``."""

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlrunner.utils.sharded import copy_full_, full_tensor
+
 TRAINED_ADAPTER = "default"
 EMA_ADAPTER = "ema"
 ADAPTERS = (TRAINED_ADAPTER, EMA_ADAPTER)
@@ -101,8 +103,11 @@ class LoraAdapters:
         return [p for n, p in self.denoiser.named_parameters() if f".{adapter}." in n]
 
     def state_dict(self, adapter: str) -> dict[str, torch.Tensor]:
-        """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached copies, CPU)."""
-        return {n.replace(f".{adapter}.", "."): p.detach().cpu().clone()
+        """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached full copies, CPU).
+
+        Tensors sharded over ranks (DTensors, FSDP2) are gathered, so every rank of the group must call it.
+        """
+        return {n.replace(f".{adapter}.", "."): full_tensor(p.detach()).cpu().clone()
                 for n, p in self.denoiser.named_parameters() if f".{adapter}." in n}
 
     @torch.no_grad()
@@ -118,7 +123,7 @@ class LoraAdapters:
             if param.shape != state[name].shape:
                 raise ValueError(f"LoRA tensor {name} has shape {tuple(state[name].shape)}, the model expects "
                                  f"{tuple(param.shape)} (different lora_rank or model?)")
-            param.copy_(state[name].to(param.device, param.dtype))
+            copy_full_(param, state[name])
 
     def config_dict(self, adapter: str) -> dict[str, Any]:
         """The adapter's LoRA settings as saved in a file's metadata (rank, alpha, sorted targets, ...)."""
@@ -127,19 +132,21 @@ class LoraAdapters:
         return {k: v for k, v in config.items() if k in _SAVED_CONFIG_KEYS}
 
     # ------------------------------------------------------------------ files (diffusers' LoRA format)
-    def save(self, directory: str, adapter: str, pipeline_class_name: str, component: str) -> None:
+    def save(self, directory: str, adapter: str, pipeline_class_name: str, component: str,
+             state: dict[str, torch.Tensor] | None = None) -> None:
         """Write ``adapter`` so that ``<pipeline_class_name>.load_lora_weights(directory)`` loads it.
 
         ``component`` is the pipeline's name of the denoiser (``transformer``, or ``unet`` whose files use
         diffusers' older key names). The LoRA config goes into the safetensors metadata, so the loader applies
-        the same ``alpha / rank`` scale as training did.
+        the same ``alpha / rank`` scale as training did. ``state``: the adapter's :meth:`state_dict` when the
+        caller already has it (default: read it now).
         """
         import diffusers
         from diffusers.utils import convert_state_dict_to_diffusers
 
         if adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)}")
-        state = self.state_dict(adapter)
+        state = state or self.state_dict(adapter)
         if component == "unet":
             state = convert_state_dict_to_diffusers(state)
         state = {k: v.contiguous() for k, v in state.items()}

@@ -12,6 +12,7 @@ from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
 from rlrunner.algorithms.nft import nft_loss
 from rlrunner.algorithms.samplers import sample_xt
 from rlrunner.batch import Batch
+from rlrunner.cluster.parallelize import local_shards, parallelize
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
@@ -25,7 +26,11 @@ class ActorWorker:
     """One data-parallel rank of the trainer.
 
     ``update`` runs ``samples / global_batch_size`` optimizer steps over this rank's share of a rollout batch,
-    in micro-batches with gradient accumulation; gradients are averaged over ranks with torch.distributed.
+    in micro-batches with gradient accumulation, through torch's DDP or FSDP2 (``actor.strategy``, see
+    :mod:`rlrunner.cluster.parallelize`), which average the gradients over ranks. Each sample's training noise
+    is seeded by its global index in the step's batch, so the result does not depend on the number of ranks.
+    Methods that gather full tensors (``ema_update`` aside, everything that returns or writes adapters or
+    optimizer state) must be called on every rank; rank 0 returns the result.
     """
 
     def __init__(self, actor_cfg: Any, algorithm_cfg: Any, num_train_steps: int, *, rank: int = 0,
@@ -40,8 +45,9 @@ class ActorWorker:
         # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes
         self.model.release_text_encoders()
         self.model.release_vae()
-        self.distributed = init_distributed(rank, world_size, self.model.device.type)
-        self.params = self.model.trainable_parameters()
+        init_distributed(rank, world_size, self.model.device.type)
+        self.engine = parallelize(self.model, actor_cfg.strategy, world_size)
+        self.params = self.model.trainable_parameters()  # after parallelize: FSDP2 swaps them for their shards
         optim = actor_cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
                                            eps=optim.adam_eps, weight_decay=optim.weight_decay)
@@ -52,34 +58,39 @@ class ActorWorker:
         self.optimizer_steps = 0
 
     # ------------------------------------------------------------------ training
-    def update(self, rollout: list[Batch], index: torch.Tensor, advantages: torch.Tensor,
+    def update(self, rollout: list[Batch], index: torch.Tensor, sample_index: torch.Tensor, advantages: torch.Tensor,
                step: int) -> dict[str, float]:
         """Train on this rank's samples: rows ``index`` (int64 ``[n]``, in training order) of the rollout's
-        ``train`` parts joined in order (``x0``, per-prompt ``cond.*``), with ``advantages`` ``[n]`` or ``[n, K]``."""
+        ``train`` parts joined in order (``x0``, per-prompt ``cond.*``), with their positions in the step's shuffled
+        order ``sample_index`` ``[n]`` (seeds of their training noise) and ``advantages`` ``[n]`` or ``[n, K]``.
+        The k-th ``global_batch_size / world_size`` samples belong to optimizer step k."""
         batch = Batch.cat(rollout).select(index)
-        batch.tensors["advantages"] = advantages
+        batch.tensors.update(advantages=advantages, sample_index=sample_index)
         local_batch = self.cfg.global_batch_size // self.world_size
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        for opt_index, opt_batch in enumerate(batch.split(local_batch)):
-            for name, value in self._optimizer_step(opt_batch, step, opt_index).items():
+        for opt_batch in batch.split(local_batch):
+            for name, value in self._optimizer_step(opt_batch, step).items():
                 sums[name] += value
                 counts[name] += 1
         return {name: sums[name] / counts[name] for name in sums}
 
-    def _optimizer_step(self, batch: Batch, step: int, opt_index: int) -> dict[str, float]:
+    def _optimizer_step(self, batch: Batch, step: int) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = defaultdict(float)
         draws = int(self.alg.nft_timesteps_per_sample)  # noise levels per sample, each with fresh noise
-        for micro_index, micro in enumerate(batch.split(self.cfg.micro_batch_size)):
+        passes = [(micro, draw) for micro in batch.split(self.cfg.micro_batch_size) for draw in range(draws)]
+        for index, (micro, draw) in enumerate(passes):
+            # this rank's loss is the mean over its samples; the engine averages the ranks' gradients (equal
+            # sample counts), reducing them once per optimizer step, after its last backward
             share = len(micro) / len(batch) / draws
-            for draw in range(draws):
-                seed = derive_seed(self.cfg.seed, "actor-noise", self.rank, step, opt_index, micro_index, draw)
-                loss, micro_metrics = self._micro_loss(micro, torch.Generator().manual_seed(seed))
+            with self.engine.accumulate(sync=index == len(passes) - 1):
+                loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw))
                 (loss * share).backward()
-                for name, value in micro_metrics.items():
-                    metrics[name] += value * share
-        grad_norm = self._sync_and_clip_gradients()
+            for name, value in micro_metrics.items():
+                metrics[name] += value * share
+        grad_norm = self.engine.clip_grad_norm(self.params, self.cfg.optim.clip_grad)
+        # a NaN loss on any rank makes the reduced gradients, hence grad_norm, NaN on all: every rank skips
         finite = math.isfinite(grad_norm) and math.isfinite(metrics["nft_loss"])
         if finite:
             self.optimizer.step()
@@ -89,7 +100,12 @@ class ActorWorker:
         metrics.update(grad_norm=grad_norm, lr=self.lr_scheduler.get_last_lr()[0], nonfinite=float(not finite))
         return metrics
 
-    def _micro_loss(self, micro: Batch, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+    def _noise_generators(self, micro: Batch, step: int, draw: int) -> list[torch.Generator]:
+        """One generator per sample, seeded by (seed, step, global sample index, draw): never by rank."""
+        return [torch.Generator().manual_seed(derive_seed(self.cfg.seed, "actor-noise", step, index, draw))
+                for index in micro.tensors["sample_index"].tolist()]
+
+    def _micro_loss(self, micro: Batch, generator: list[torch.Generator]) -> tuple[torch.Tensor, dict[str, float]]:
         """NFT loss on one micro-batch with fresh noise: x_t from the rollout's x0 (``nft_xcur_source: resample``)."""
         device = self.model.device
         x0 = micro.tensors["x0"]
@@ -101,25 +117,13 @@ class ActorWorker:
         with torch.no_grad():
             v_old = self.model.velocity(x_t, t, cond, adapter=EMA_ADAPTER)
             v_base = self.model.velocity(x_t, t, cond, adapter=None) if self.alg.ref_kl_coef > 0 else None
-        v_theta = self.model.velocity(x_t, t, cond, adapter=TRAINED_ADAPTER)
+        v_theta = self.engine.velocity(x_t, t, cond)  # the TRAINED_ADAPTER, through DDP / FSDP2
         return nft_loss(
             v_theta, v_old, x_t, x0, t, micro.tensors["advantages"].to(device), beta=self.alg.nft_beta,
             adv_clip_max=self.alg.adv_clip_max, weight_mode=self.alg.nft_weight_mode,
             target_space=self.alg.nft_target_space, clip_ratio=self.alg.nft_clip_ratio, v_base=v_base,
             kl_coef=self.alg.ref_kl_coef,
         )
-
-    def _sync_and_clip_gradients(self) -> float:
-        if self.distributed:
-            grads = [p.grad for p in self.params if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            torch.distributed.all_reduce(flat)
-            flat /= self.world_size
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-        return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.clip_grad))
 
     # ------------------------------------------------------------------ EMA and sync
     def tau(self, step: int) -> float:
@@ -131,12 +135,15 @@ class ActorWorker:
     def ema_update(self, step: int) -> float:
         """``ema ← (1 − tau)·ema + tau·θ`` on the LoRA tensors only; returns tau."""
         tau = self.tau(step)
-        ema_update_(self.model.adapter_parameters(EMA_ADAPTER), self.model.adapter_parameters(TRAINED_ADAPTER), tau)
+        ema_update_(local_shards(self.model.adapter_parameters(EMA_ADAPTER)),
+                    local_shards(self.model.adapter_parameters(TRAINED_ADAPTER)), tau)
         return tau
 
-    def lora_weights(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Both adapters' LoRA tensors (CPU), for the rollout workers."""
-        return {name: self.model.lora_state_dict(name) for name in (TRAINED_ADAPTER, EMA_ADAPTER)}
+    def lora_weights(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """Both adapters' full LoRA tensors (CPU), for the rollout workers. Every rank must call it (FSDP2
+        gathers the shards); rank 0 returns them, the others None."""
+        weights = {name: self.model.lora_state_dict(name) for name in (TRAINED_ADAPTER, EMA_ADAPTER)}
+        return weights if self.rank == 0 else None
 
     def offload(self) -> None:
         """Denoiser and optimizer state to host memory, freeing the device for a collocated rollout worker."""
@@ -153,21 +160,35 @@ class ActorWorker:
                     state[key] = value.to(device)
 
     # ------------------------------------------------------------------ checkpoint
-    def state_dict(self) -> dict[str, Any]:
-        return {"adapters": self.lora_weights(), "optimizer": self.optimizer.state_dict(),
-                "lr_scheduler": self.lr_scheduler.state_dict(), "rng": rng_state(),
-                "optimizer_steps": self.optimizer_steps, "rank": self.rank, "world_size": self.world_size}
+    def state_dict(self) -> dict[str, Any] | None:
+        """The actor's state, independent of strategy and rank count: full adapters, optimizer state keyed by
+        parameter name, LR scheduler, RNG. Every rank must call it; rank 0 returns it, the others None."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        adapters = self.lora_weights()
+        optimizer = get_optimizer_state_dict(self.model.transformer, self.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        return {"adapters": adapters, "optimizer": optimizer, "lr_scheduler": self.lr_scheduler.state_dict(),
+                "rng": rng_state(), "optimizer_steps": self.optimizer_steps, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a :meth:`state_dict` saved with any strategy and number of ranks (every rank gets the same one)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
         for name, lora in state["adapters"].items():
             self.model.load_lora_state_dict(name, lora)
-        self.optimizer.load_state_dict(state["optimizer"])
+        set_optimizer_state_dict(self.model.transformer, self.optimizer, state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         set_rng_state(state["rng"])
         self.optimizer_steps = state["optimizer_steps"]
 
-    def save_adapters(self, checkpoint_dir: str | None) -> None:
-        """Write both adapters in diffusers' LoRA format (``pipe.load_lora_weights(dir)``); None: not this rank."""
-        if checkpoint_dir is not None:
-            self.model.save_lora(f"{checkpoint_dir}/adapter", TRAINED_ADAPTER)
-            self.model.save_lora(f"{checkpoint_dir}/adapter_ema", EMA_ADAPTER)
+    def save_adapters(self, checkpoint_dir: str) -> None:
+        """Write both adapters in diffusers' LoRA format (``pipe.load_lora_weights(dir)``). Every rank must call
+        it (FSDP2 gathers the shards); rank 0 writes."""
+        weights = self.lora_weights()
+        if weights is not None:
+            self.model.save_lora(f"{checkpoint_dir}/adapter", TRAINED_ADAPTER, weights[TRAINED_ADAPTER])
+            self.model.save_lora(f"{checkpoint_dir}/adapter_ema", EMA_ADAPTER, weights[EMA_ADAPTER])

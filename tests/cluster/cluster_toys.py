@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from rlrunner.cluster.distributed import all_reduce_mean, init_distributed
+from rlrunner.cluster.distributed import init_distributed
 
 
 class Counter:
@@ -67,7 +67,11 @@ class DataParallel:
         self.grad = torch.full((3,), float(rank + 1))
 
     def average(self) -> list[float]:
-        return all_reduce_mean(self.grad.clone()).tolist()
+        if not self.joined:  # one rank: nothing to average with
+            return self.grad.tolist()
+        total = self.grad.clone()
+        torch.distributed.all_reduce(total)
+        return (total / torch.distributed.get_world_size()).tolist()
 
     def env(self) -> dict[str, str]:
         return {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}

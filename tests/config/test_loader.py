@@ -96,6 +96,7 @@ def test_wrong_type_names_key_value_and_type(recipe_dir):
         (["algorithm.nft_weight_mode=adaptiv"], r"nft_weight_mode='adaptiv' is not valid \(did you mean 'adaptive'"),
         (["actor.model.model_type=sd4"], r"model_type='sd4' is not valid"),
         (["actor.model.tiny.train_sampler=heun"], r"train_sampler='heun' is not valid"),
+        (["actor.strategy=fsdp"], r"actor.strategy='fsdp' is not valid \(did you mean 'fsdp2'\?\); choose .*'ddp'"),
         (["actor.model.tiny.num_frames=4"], r"num_frames=4 must be 4k\+1"),
         (["runner.max_steps=-1"], r"runner.max_steps or runner.max_epochs"),
         (["algorithm.nft_timesteps_per_sample=0"], r"algorithm.nft_timesteps_per_sample=0 must be positive"),

@@ -1,0 +1,130 @@
+"""Actor update seconds with 1 vs 2 actor ranks (gloo, Ray workers), and what the data-parallel engine costs.
+
+    .venv/bin/python bench/actor_ranks.py [--steps 5] [--strategy ddp] [key=value ...]
+
+Builds the default (tiny) recipe's actor on 1 and on 2 CPU devices, gives it one step's worth of synthetic
+samples (``env.train.total_num_envs`` latents, real text conditioning) and times ``update`` (median of
+``--steps`` after one warm-up; the three settings take turns, so machine load hits them alike) for:
+
+* ``1 rank``: the single-process path, all samples;
+* ``2 ranks``: DDP or FSDP2 (``--strategy``), each rank half the samples, gradients averaged by the engine;
+* ``2 ranks, no engine``: the same two halves trained side by side without exchanging anything.
+
+``engine overhead = (2 ranks - 2 ranks no engine) / 1 rank`` in CPU seconds summed over the ranks: the work the
+engine (its hooks, gradient buckets and gloo collectives) adds when two ranks share the step, as a share of the
+1-rank step; target < 10 %. CPU time is used because wall time on a shared 2-core machine swings by ±30 % from
+round to round; the wall-time version and ``2 ranks / 1 rank`` (the speed-up, ideal 0.5 with two free cores) are
+printed too, not judged. Every round's numbers are printed first. FSDP2 cannot be switched off (its hooks live on
+the model's modules), so ``--strategy fsdp2`` prints its extra CPU work over one rank instead: the per-block weight
+gathers of each forward and backward, which the memory saving costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/family_helpers.py
+
+import torch
+from family_helpers import encode_prompt_batch, make_noise
+
+from rlrunner.batch import Batch
+from rlrunner.cluster import create_cluster
+from rlrunner.cluster.parallelize import Engine, optimizer_step_shards
+from rlrunner.config.loader import load_recipe
+from rlrunner.models import build_model
+from rlrunner.workers.actor import ActorWorker
+
+
+class BenchActor(ActorWorker):
+    """An actor rank that reports the CPU seconds of its updates and can also train without its engine (on its
+    share alone, exchanging nothing)."""
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        start = time.process_time()  # this process's CPU time, gloo's threads included; waiting costs none
+        metrics = super().update(batch, step)
+        return {**metrics, "cpu_s": time.process_time() - start}
+
+    def use_engine(self, on: bool) -> None:
+        if not hasattr(self, "own_engine"):
+            self.own_engine = self.engine
+        self.engine = self.own_engine if on else Engine(self.model)
+
+
+def synthetic_batch(cfg, num_samples: int) -> Batch:
+    """``num_samples`` random clean latents with the recipe's prompts' real conditioning and random advantages."""
+    model = build_model(cfg.actor.model)
+    prompts = [line for line in (Path(cfg.env.train.dataset.path) / "train.txt").read_text().splitlines() if line]
+    cond = encode_prompt_batch(model, [prompts[i % len(prompts)] for i in range(num_samples)])
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"x0": make_noise(model, num_samples, generator).clamp(-1, 1),
+               "advantages": torch.randn(num_samples, generator=generator),
+               "sample_index": torch.arange(num_samples),
+               **{f"cond.{k}": v.cpu() for k, v in cond.items()}}
+    return Batch(tensors, {})
+
+
+def time_updates(overrides: list[str], batch: Batch, steps: int, baseline: bool) -> dict[str, tuple[float, float]]:
+    """Median (wall seconds, CPU seconds summed over ranks) of ``update`` on 1 rank, on 2 ranks and (``baseline``)
+    on 2 ranks without the engine, interleaved round by round in one Ray session (all see the same machine load)."""
+    cfg = load_recipe("tiny_nft_ocr", [*overrides, "cluster.backend=ray", "cluster.num_devices_per_node=3",
+                                       "cluster.component_placement={actor: 0-1, rollout: 2, env: 2}"])
+    with create_cluster(cfg.cluster) as cluster:
+        two = cluster.spawn("actor", BenchActor, (0, 1), cfg.actor, cfg.algorithm, 1000)
+        one = cluster.spawn("actor", BenchActor, (2,), cfg.actor, cfg.algorithm, 1000)  # in a rollout/env slot
+        settings = {"1 rank": (one, True), "2 ranks": (two, True)}
+        if baseline:
+            settings["2 ranks, no engine"] = (two, False)
+        seconds: dict[str, list[float]] = {name: [] for name in settings}
+        cpu_seconds: dict[str, list[float]] = {name: [] for name in settings}
+        for step in range(steps + 1):  # the first round is a warm-up
+            for name, (group, engine) in settings.items():
+                group.call("use_engine", engine)
+                shards = optimizer_step_shards(len(batch), cfg.actor.global_batch_size, group.world_size)
+                start = time.perf_counter()
+                metrics = group.scatter("update", [(batch.select(shard), step) for shard in shards])
+                seconds[name].append(time.perf_counter() - start)
+                cpu_seconds[name].append(sum(m["cpu_s"] for m in metrics))
+    for name in settings:
+        print(f"{name:<20} wall s per round: {' '.join(f'{v:.2f}' for v in seconds[name])}; CPU s: "
+              f"{' '.join(f'{v:.2f}' for v in cpu_seconds[name])} (first round: warm-up)")
+    return {name: (statistics.median(seconds[name][1:]), statistics.median(cpu_seconds[name][1:]))
+            for name in settings}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="timed updates per setting (after one warm-up)")
+    parser.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp2"])
+    parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. actor.micro_batch_size=8")
+    args = parser.parse_args()
+    overrides = [*args.overrides, f"actor.strategy={args.strategy}"]
+    cfg = load_recipe("tiny_nft_ocr", overrides)
+    batch = synthetic_batch(cfg, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch)
+    # FSDP2's hooks live on the model's own modules: only DDP can be switched off for a no-engine baseline
+    times = time_updates(overrides, batch, args.steps, baseline=args.strategy == "ddp")
+    (one, one_cpu), (two, two_cpu) = times["1 rank"], times["2 ranks"]
+    print(f"actor update of {len(batch)} samples (global_batch_size {cfg.actor.global_batch_size}, micro-batch "
+          f"{cfg.actor.micro_batch_size}), median of {args.steps} after a warm-up, gloo on CPU")
+    print(f"{'':<30}{'wall s':>8}{'CPU s':>8}   (CPU: summed over ranks)")
+    for name, (wall, cpu) in times.items():
+        print(f"{name.replace('2 ranks', '2 ranks, ' + args.strategy, 1) if name == '2 ranks' else name:<30}"
+              f"{wall:8.3f}{cpu:8.3f}")
+    print(f"2 ranks / 1 rank, wall = {two / one:.3f} (ideal 0.5 with 2 free cores; noisy on a shared machine)")
+    if "2 ranks, no engine" in times:
+        alone, alone_cpu = times["2 ranks, no engine"]
+        print(f"engine overhead, CPU = (2 ranks - 2 ranks no engine) / 1 rank = "
+              f"{100 * (two_cpu - alone_cpu) / one_cpu:.1f} % (target < 10 %)")
+        print(f"engine overhead, wall = {100 * (two - alone) / one:.1f} % (noisy: both medians move with the load)")
+    else:  # sharding trades memory for gathering every block's weights in each forward and backward
+        print(f"fsdp2 extra work, CPU = (2 ranks - 1 rank) / 1 rank = {100 * (two_cpu - one_cpu) / one_cpu:.1f} % "
+              f"(no target: FSDP2 is for models that do not fit, not for speed)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The actor's data-parallel engine, in one place: torch's DDP or FSDP2 applied to a FlowModel. No Ray here.
+
+``parallelize(model, strategy, world_size)`` returns the :class:`Engine` the actor trains through:
+
+- ``ddp``: :class:`torch.nn.parallel.DistributedDataParallel` over the denoiser. Every rank holds the whole
+  model; only parameters with ``requires_grad`` (the ``default`` LoRA adapter) are all-reduced, averaged over
+  ranks, after the last backward of an optimizer step (``no_sync`` over the gradient accumulation passes).
+- ``fsdp2``: :func:`torch.distributed.fsdp.fully_shard` on each transformer block (the classes the diffusers
+  model lists in ``_no_split_modules``), then on the root. Base weights and both LoRA adapters are sharded
+  over the ranks (DTensors, dim 0); a block's weights are gathered for its forward and backward only. Gradients
+  (LoRA only; the base is frozen) are reduce-scattered in float32.
+
+With one rank nothing is wrapped: the engine calls the model directly (the single-process path).
+
+The model files know nothing of this: the DDP wrapper is a thin module that calls ``model.velocity``, and FSDP2
+hooks the denoiser's own modules in place. Every rank must make the same engine calls in the same order
+(forwards, backwards, :meth:`Engine.clip_grad_norm`, and gathering full tensors for checkpoints and weight sync).
+
+:func:`optimizer_step_shards` cuts a shuffled global batch so that optimizer step ``k`` always covers global
+samples ``[k·G, (k+1)·G)`` (``G = global_batch_size``) whatever the number of ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Engine:
+    """One rank's view of data-parallel training; this base class is the single-process engine (no wrapping).
+
+    ``velocity`` gives ``v_θ`` (trained adapter, with gradients) through the engine's hooks;
+    ``accumulate(sync)`` wraps one forward + backward of a gradient-accumulation sequence (``sync=False`` keeps
+    the gradients local; the last pass of an optimizer step must sync); ``clip_grad_norm`` clips the reduced
+    gradients in place and returns their total norm (the same number on every rank).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``v_θ(x_t, t)``: latents ``[B, *latent_shape]``, t ``[B]`` -> ``[B, *latent_shape]``."""
+        return self.model.velocity(latents, t, cond)
+
+    @contextlib.contextmanager
+    def accumulate(self, sync: bool) -> Iterator[None]:
+        yield
+
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+class _TrainedVelocity(nn.Module):
+    """``model.velocity`` as a module, so DDP's forward (which arms its gradient hooks) wraps the model call."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.transformer = model.transformer  # registers the denoiser's parameters with DDP
+        self.flow_model = model
+
+    def forward(self, latents: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.flow_model.velocity(latents, t, cond)
+
+
+class DDPEngine(Engine):
+    def __init__(self, model: Any, world_size: int) -> None:
+        super().__init__(model)
+        # buffers are identical on every rank (same files, same seeded LoRA init): no per-forward broadcast
+        self.ddp = nn.parallel.DistributedDataParallel(_TrainedVelocity(model), broadcast_buffers=False)
+
+    def velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.ddp(latents, t, cond)
+
+    @contextlib.contextmanager
+    def accumulate(self, sync: bool) -> Iterator[None]:
+        with contextlib.nullcontext() if sync else self.ddp.no_sync():
+            yield
+
+
+class FSDP2Engine(Engine):
+    def __init__(self, model: Any, world_size: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        super().__init__(model)
+        mesh = init_device_mesh(model.device.type, (world_size,))
+        # the base weights are already stored in actor.model.precision and the LoRA tensors in float32 (see
+        # models/base.py), so each is gathered and computed in its own dtype; gradients are reduced in float32
+        policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+        for block in transformer_blocks(model.transformer):
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model.transformer, mesh=mesh, mp_policy=policy)
+
+    @contextlib.contextmanager
+    def accumulate(self, sync: bool) -> Iterator[None]:
+        self.model.transformer.set_requires_gradient_sync(sync)
+        yield
+
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
+        from torch.distributed.tensor import DTensor
+
+        grads = [p.grad for p in params if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(total, DTensor):  # per-shard norms: reduce them to the norm of the whole gradient
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return float(total)
+
+
+ENGINES: dict[str, type[Engine]] = {"ddp": DDPEngine, "fsdp2": FSDP2Engine}
+
+
+def transformer_blocks(transformer: nn.Module) -> list[nn.Module]:
+    """The denoiser's blocks (classes named in diffusers' ``_no_split_modules``), innermost first."""
+    names = set(getattr(transformer, "_no_split_modules", None) or ())
+    blocks = [m for m in transformer.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"actor.strategy=fsdp2 shards the denoiser per block, but {type(transformer).__name__} "
+                         f"names no block classes in _no_split_modules ({sorted(names)}); use actor.strategy=ddp")
+    return blocks[::-1]  # modules() lists parents before children; fully_shard wants children first
+
+
+def parallelize(model: Any, strategy: str, world_size: int) -> Engine:
+    """Apply ``strategy`` (``ddp`` | ``fsdp2``) to ``model`` (a FlowModel) over the default process group.
+
+    Call after ``init_distributed`` and before building the optimizer: FSDP2 replaces the parameters by their
+    shards, so the optimizer must be given ``model.trainable_parameters()`` afterwards.
+    """
+    if strategy not in ENGINES:
+        raise ValueError(f"actor.strategy={strategy!r} is not valid; choose one of {list(ENGINES)}")
+    return ENGINES[strategy](model, world_size) if world_size > 1 else Engine(model)
+
+
+def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's part of each tensor (a view of a sharded DTensor's shard, else the tensor): elementwise
+    in-place updates of matching shards, such as the EMA of one adapter towards the other, need no collective."""
+    from torch.distributed.tensor import DTensor
+
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def optimizer_step_shards(num_samples: int, global_batch_size: int, world_size: int) -> list[torch.Tensor]:
+    """Indices of each rank's samples: optimizer step k's window ``[k·G, (k+1)·G)`` cut into equal slices.
+
+    Rank r gets ``[k·G + r·G/n, k·G + (r+1)·G/n)`` for every step k, in order, so that its k-th
+    ``G/n``-sample piece belongs to optimizer step k and the same samples form each step whatever ``n``.
+    Returns ``world_size`` int64 tensors of ``num_samples / world_size`` indices.
+    """
+    if num_samples % global_batch_size or global_batch_size % world_size:
+        raise ValueError(f"{num_samples} samples cannot form whole optimizer steps of {global_batch_size} shared "
+                         f"by {world_size} ranks")
+    windows = torch.arange(num_samples).view(-1, world_size, global_batch_size // world_size)
+    return [windows[:, rank].reshape(-1) for rank in range(world_size)]

@@ -1,0 +1,126 @@
+"""The data-parallel actor: the same adapters whatever the number of ranks and the engine (DDP, FSDP2), and
+checkpoints that resume on another number of ranks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import UNet2DConditionModel
+from runner_helpers import small_recipe, train_metrics
+
+from rlrunner.algorithms.samplers import sample_xt
+from rlrunner.cluster.parallelize import Engine, optimizer_step_shards, parallelize, transformer_blocks
+from rlrunner.runner import run
+
+
+def test_each_optimizer_step_covers_the_same_samples_whatever_the_ranks():
+    # 8 samples, optimizer steps of 4: step 0 is samples 0-3, step 1 samples 4-7
+    assert [s.tolist() for s in optimizer_step_shards(8, 4, 1)] == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert [s.tolist() for s in optimizer_step_shards(8, 4, 2)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [s.tolist() for s in optimizer_step_shards(8, 4, 4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    with pytest.raises(ValueError, match="6 samples cannot form whole optimizer steps of 4 shared by 2 ranks"):
+        optimizer_step_shards(6, 4, 2)
+
+
+def test_engine_choice_and_fsdp2_blocks():
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4, cross_attention_dim=8, sample_size=8,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    blocks = transformer_blocks(unet)
+    for i, block in enumerate(blocks):  # children are sharded before the blocks that hold them
+        assert not any(inner is block for outer in blocks[:i] for inner in outer.modules())
+    assert {type(b).__name__ for b in blocks} <= set(unet._no_split_modules)
+    with pytest.raises(ValueError, match=r"Linear names no block classes in _no_split_modules.*actor.strategy=ddp"):
+        transformer_blocks(torch.nn.Linear(2, 2))
+    assert type(parallelize(object(), "fsdp2", world_size=1)) is Engine  # one rank: nothing to wrap
+    with pytest.raises(ValueError, match=r"actor.strategy='zero' is not valid; choose one of \['ddp', 'fsdp2'\]"):
+        parallelize(object(), "zero", world_size=2)
+
+
+def test_per_sample_generators_make_a_sample_s_noise_independent_of_its_batch():
+    x0 = torch.randn(4, 1, 2, 3)
+    seeded = [torch.Generator().manual_seed(seed) for seed in (5, 6, 7, 8)]
+    x_t, t, eps = sample_xt(x0, 10, generator=seeded)
+    for i, seed in enumerate((5, 6, 7, 8)):  # sample i alone, with its own generator, draws the same k and ε
+        alone_x_t, alone_t, alone_eps = sample_xt(x0[i:i + 1], 10, generator=[torch.Generator().manual_seed(seed)])
+        assert torch.equal(alone_t, t[i:i + 1]) and torch.equal(alone_eps, eps[i:i + 1])
+        assert torch.equal(alone_x_t, x_t[i:i + 1])
+    torch.testing.assert_close(x_t, (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * eps)
+    with pytest.raises(ValueError, match="3 generators for a batch of 4 samples"):
+        sample_xt(x0, 10, generator=seeded[:3])
+
+
+# 16 samples per step (4 prompts x 4), one optimizer step of 16 per step, micro-batches of 4, no eval; the tiny
+# recipe's learning rate (Adam turns float noise in near-zero gradients into steps of up to lr)
+DP_RUN = ("actor.optim.lr=1e-3", "env.train.total_num_envs=16", "algorithm.group_size=4", "actor.global_batch_size=16",
+          "actor.micro_batch_size=4", "runner.val_check_interval=0", "runner.sample_log_interval=0",
+          "runner.val_before_train=false", "runner.max_steps=2", "runner.save_interval=1", "cluster.backend=ray",
+          "cluster.worker_timeout_s=300")
+
+
+def _placement(actor_ranks: int) -> tuple[str, str]:
+    """Actor on devices 0..n-1; rollout and env share device n, so every run samples the same rollouts."""
+    actor = "0" if actor_ranks == 1 else f"0-{actor_ranks - 1}"
+    return (f"cluster.num_devices_per_node={actor_ranks + 1}",
+            f"cluster.component_placement={{actor: {actor}, rollout: {actor_ranks}, env: {actor_ranks}}}")
+
+
+def _dp_run(root: Path, name: str, actor_ranks: int, strategy: str, *overrides: str) -> Path:
+    log_dir = root / "logs" / name
+    log_dir.mkdir(parents=True)
+    start = time.monotonic()
+    run(small_recipe(root, *DP_RUN, *_placement(actor_ranks), f"actor.strategy={strategy}", *overrides), log_dir)
+    print(f"{name}: {time.monotonic() - start:.1f} s")
+    return log_dir
+
+
+def _actor_state(log_dir: Path, step: int) -> dict:
+    return torch.load(log_dir / f"checkpoints/global_step_{step}/actor/rank_0.pt", weights_only=False)
+
+
+def _max_adapter_diff(a: dict, b: dict) -> float:
+    return max((a["adapters"][name][key] - b["adapters"][name][key]).abs().max().item()
+               for name in ("default", "ema") for key in a["adapters"][name])
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_adapters_do_not_depend_on_the_number_of_actor_ranks_or_the_engine(ray_session, tmp_path):
+    """1, 2 and 4 actor ranks, DDP and FSDP2, same global batch: the same adapters after 2 steps (≤ 1e-5).
+    Checkpoints are the same files for every engine and rank count: the 4-rank runs resume the 2-rank runs'
+    step-1 checkpoints (DDP -> FSDP2 and FSDP2 -> DDP) and end where the uninterrupted 1-rank run ends."""
+    single = _dp_run(tmp_path, "20260101-000000-ddp1", 1, "ddp")
+    reference = _actor_state(single, 2)
+    assert _max_adapter_diff(reference, _actor_state(single, 1)) > 1e-4  # the second step moved the adapters
+    ddp2 = _dp_run(tmp_path, "20260101-000001-ddp2", 2, "ddp")
+    fsdp2 = _dp_run(tmp_path, "20260101-000002-fsdp2", 2, "fsdp2")
+    ddp4 = _dp_run(tmp_path, "20260101-000003-ddp4", 4, "ddp",
+                   f"runner.resume_dir={fsdp2 / 'checkpoints' / 'global_step_1'}")
+    fsdp4 = _dp_run(tmp_path, "20260101-000004-fsdp4", 4, "fsdp2",
+                    f"runner.resume_dir={ddp2 / 'checkpoints' / 'global_step_1'}")
+    for log_dir, ranks in ((ddp2, 2), (fsdp2, 2), (ddp4, 4), (fsdp4, 4)):
+        state = _actor_state(log_dir, 2)
+        assert state["world_size"] == ranks
+        assert _max_adapter_diff(state, reference) <= 1e-5, log_dir.name
+        steps = train_metrics(log_dir)
+        for ours, theirs in zip(steps, train_metrics(single)[-len(steps):]):
+            assert ours["step"] == theirs["step"]
+            for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm"):
+                assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), (log_dir.name, key)
+        for name, moments in reference["optimizer"]["state"].items():  # resumed, not restarted: Adam's moments
+            for key in ("exp_avg", "exp_avg_sq"):
+                scale = moments[key].abs().max().item()
+                torch.testing.assert_close(state["optimizer"]["state"][name][key], moments[key], rtol=1e-3,
+                                           atol=1e-4 * scale)
+    assert [m["step"] for m in train_metrics(ddp4)] == [m["step"] for m in train_metrics(fsdp4)] == [2]
