@@ -102,7 +102,8 @@ class FlowModel(abc.ABC):
     """Base class of the model families.
 
     Subclasses set ``self.transformer`` (an ``nn.Module`` whose forward the subclass calls in
-    :meth:`_predict_velocity`), ``self.lora_target_modules`` and implement the abstract methods. Families that
+    :meth:`_predict_velocity`), ``self.shapes`` (their :class:`~rlrunner.models.shapes.SampleShapes`),
+    ``self.lora_target_modules`` and implement the abstract methods. Families that
     have text encoders / a VAE list them in ``self.text_encoders`` / ``self.vae`` so that offloading and
     :meth:`release_text_encoders` / :meth:`release_vae` work for all of them.
     """
@@ -142,9 +143,9 @@ class FlowModel(abc.ABC):
 
     # ------------------------------------------------------------------ family-specific
     @property
-    @abc.abstractmethod
     def latent_shape(self) -> tuple[int, ...]:
         """Shape of one sample's latent: ``(C, H, W)`` for images, ``(C, F, H, W)`` for video."""
+        return self.shapes.latent
 
     @abc.abstractmethod
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -26,6 +26,12 @@ from rlrunner.utils.sharded import copy_full_, full_tensor
 TRAINED_ADAPTER = "default"
 EMA_ADAPTER = "ema"
 ADAPTERS = (TRAINED_ADAPTER, EMA_ADAPTER)
+#: the joint-attention projections of both streams of an MMDiT block (SD3, Qwen-Image): the reference code's
+#: targets (flow_grpo / DiffusionNFT); "attn.*" leaves SD3.5's extra attn2 untouched
+MMDIT_LORA_TARGETS = (
+    "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+    "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
+)
 
 #: the LoraConfig fields written into a saved file's metadata (what a loader needs to apply the same scale)
 _SAVED_CONFIG_KEYS = ("r", "lora_alpha", "target_modules", "init_lora_weights", "lora_dropout", "bias", "use_rslora",

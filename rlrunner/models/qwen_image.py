@@ -27,6 +27,7 @@ from rlrunner.models.base import (
     to_uint8,
     vae_latent_stats,
 )
+from rlrunner.models.lora import MMDIT_LORA_TARGETS
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 
@@ -54,11 +55,7 @@ class QwenImageFlowModel(FlowModel):
     model_type = "qwen_image"
     pipeline_class_name = "QwenImagePipeline"
     vae_class_name = "AutoencoderKLQwenImage"
-    # joint-attention projections of both streams, as SD3's targets
-    lora_target_modules = (
-        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-    )
+    lora_target_modules = MMDIT_LORA_TARGETS
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
@@ -92,10 +89,6 @@ class QwenImageFlowModel(FlowModel):
                 "prompt_mask": ((text_tokens,), torch.int64)}
         return SampleShapes(latent, cond, pixels=(height, width, 3), text_tokens=text_tokens,
                             image_tokens=(latent[1] // 2) * (latent[2] // 2))
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -20,6 +20,7 @@ from rlrunner.models.base import (
     resolution_hw,
     to_uint8,
 )
+from rlrunner.models.lora import MMDIT_LORA_TARGETS
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 
@@ -33,11 +34,7 @@ class SD3FlowModel(FlowModel):
     model_type = "sd3"
     pipeline_class_name = "StableDiffusion3Pipeline"
     vae_class_name = "AutoencoderKL"
-    # the reference code's targets (flow_grpo / DiffusionNFT); "attn.*" leaves SD3.5's extra attn2 untouched
-    lora_target_modules = (
-        "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-        "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
-    )
+    lora_target_modules = MMDIT_LORA_TARGETS
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
@@ -69,10 +66,6 @@ class SD3FlowModel(FlowModel):
                 "pooled_prompt_embeds": ((int(transformer["pooled_projection_dim"]),), None)}
         return SampleShapes(latent, cond, pixels=(height, width, 3), text_tokens=text_tokens,
                             image_tokens=(latent[1] // patch) * (latent[2] // patch))
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:

@@ -106,10 +106,6 @@ class TinyFlowModel(FlowModel):
                             pixels=(height, width, 3), image_tokens=(height // patch) * (width // patch),
                             text_tokens=slots)
 
-    @property
-    def latent_shape(self) -> tuple[int, ...]:
-        return self.shapes.latent
-
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
         """``{"text_emb": [B, L, D]}`` in the model dtype: slot embeddings of each prompt's quoted text."""

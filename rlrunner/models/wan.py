@@ -104,10 +104,6 @@ class WanFlowModel(FlowModel):
             image_tokens=(frames // patch[0]) * (latent[2] // patch[1]) * (latent[3] // patch[2]),
         )
 
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int]:
-        return self.shapes.latent
-
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
         """``{"prompt_embeds": [B, max_sequence_length, D]}`` in the model dtype (padding rows are zeros)."""
