@@ -41,8 +41,7 @@ logger = logging.getLogger("rlrunner")
 ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 
 
-def _equal_parts(items: list, parts: int) -> list[list]:
-    """``items`` in ``parts`` consecutive parts of ``len(items) // parts`` (callers pass a multiple of ``parts``)."""
+def _split(items: list, parts: int) -> list[list]:
     size = len(items) // parts
     return [items[i * size:(i + 1) * size] for i in range(parts)]
 
@@ -182,11 +181,11 @@ class Runner:
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
-            rounds = _equal_parts(prompts, 2)
+            rounds = _split(prompts, 2)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
         train, logged, tickets, start = [], [], [], 0
         for index, round_prompts in enumerate(rounds):
-            shards = _equal_parts(round_prompts, n_rollout)
+            shards = _split(round_prompts, n_rollout)
             sizes = [len(shard) * group_size for shard in shards]
             offsets = np.cumsum([start, *sizes[:-1]])
             to_log_here = [int(np.clip(to_log - offset, 0, n)) for offset, n in zip(offsets, sizes)]
