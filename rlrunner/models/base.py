@@ -110,8 +110,11 @@ class FlowModel(abc.ABC):
 
     #: the recipe's ``actor.model.model_type`` of this family
     model_type: str = ""
-    #: diffusers pipeline class whose ``save_lora_weights`` / ``load_lora_weights`` read our adapters
+    #: diffusers pipeline class of the model folder
     pipeline_class_name: str = ""
+    #: that pipeline's LoRA loader mixin (``diffusers.loaders``): it writes our adapter files, which the
+    #: pipeline's ``load_lora_weights`` reads
+    lora_loader_class_name: str = ""
     #: diffusers class of the family's VAE, loaded in float32 (the decoding precision) by :meth:`load`
     vae_class_name: str = ""
     lora_target_modules: tuple[str, ...] = ()
@@ -349,11 +352,11 @@ class FlowModel(abc.ABC):
                   state: dict[str, torch.Tensor] | None = None) -> None:
         """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it; ``state``: the
         adapter's :meth:`lora_state_dict` when the caller already has it (default: read it now)."""
-        self._adapters().save(directory, adapter, self.pipeline_class_name, self.lora_component, state)
+        self._adapters().save(directory, adapter, self.lora_loader_class_name, self.lora_component, state)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save_lora`) into ``adapters``."""
-        self._adapters().load(path, adapters, self.pipeline_class_name, self.lora_component)
+        self._adapters().load(path, adapters, self.lora_loader_class_name, self.lora_component)
 
     def _adapters(self) -> LoraAdapters:
         if self.lora is None:

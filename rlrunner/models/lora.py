@@ -138,16 +138,17 @@ class LoraAdapters:
         return {k: v for k, v in config.items() if k in _SAVED_CONFIG_KEYS}
 
     # ------------------------------------------------------------------ files (diffusers' LoRA format)
-    def save(self, directory: str, adapter: str, pipeline_class_name: str, component: str,
+    def save(self, directory: str, adapter: str, loader_class_name: str, component: str,
              state: dict[str, torch.Tensor] | None = None) -> None:
-        """Write ``adapter`` so that ``<pipeline_class_name>.load_lora_weights(directory)`` loads it.
+        """Write ``adapter`` so that the pipeline's ``load_lora_weights(directory)`` loads it.
 
-        ``component`` is the pipeline's name of the denoiser (``transformer``, or ``unet`` whose files use
+        ``loader_class_name`` is the pipeline's LoRA loader mixin in ``diffusers.loaders`` (importing it, not
+        the pipeline, spares the pipeline's other imports); ``component`` is the pipeline's name of the denoiser (``transformer``, or ``unet`` whose files use
         diffusers' older key names). The LoRA config goes into the safetensors metadata, so the loader applies
         the same ``alpha / rank`` scale as training did. ``state``: the adapter's :meth:`state_dict` when the
         caller already has it (default: read it now).
         """
-        import diffusers
+        import diffusers.loaders
         from diffusers.utils import convert_state_dict_to_diffusers
 
         if adapter not in ADAPTERS:
@@ -156,22 +157,22 @@ class LoraAdapters:
         if component == "unet":
             state = convert_state_dict_to_diffusers(state)
         state = {k: v.contiguous() for k, v in state.items()}
-        pipeline_cls = getattr(diffusers, pipeline_class_name)
-        pipeline_cls.save_lora_weights(directory, safe_serialization=True, **{
+        loader = getattr(diffusers.loaders, loader_class_name)
+        loader.save_lora_weights(directory, safe_serialization=True, **{
             f"{component}_lora_layers": state, f"{component}_lora_adapter_metadata": self.config_dict(adapter)})
 
-    def load(self, path: str, adapters: tuple[str, ...], pipeline_class_name: str, component: str) -> None:
+    def load(self, path: str, adapters: tuple[str, ...], loader_class_name: str, component: str) -> None:
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save`) into ``adapters``.
 
         Raises ``FileNotFoundError`` (nothing readable at ``path``) or ``ValueError`` (another rank / alpha scale,
         or tensors that do not fit), each naming ``path``.
         """
-        import diffusers
+        import diffusers.loaders
         from diffusers.utils import convert_unet_state_dict_to_peft
 
-        pipeline_cls = getattr(diffusers, pipeline_class_name)
+        loader = getattr(diffusers.loaders, loader_class_name)
         try:
-            loaded = pipeline_cls.lora_state_dict(path, return_lora_metadata=True)
+            loaded = loader.lora_state_dict(path, return_lora_metadata=True)
         except (OSError, ValueError) as err:
             raise FileNotFoundError(f"lora_path {path!r}: cannot read a diffusers LoRA there "
                                     f"({str(err).splitlines()[0]})") from err

@@ -54,6 +54,7 @@ class QwenImageFlowModel(FlowModel):
 
     model_type = "qwen_image"
     pipeline_class_name = "QwenImagePipeline"
+    lora_loader_class_name = "QwenImageLoraLoaderMixin"
     vae_class_name = "AutoencoderKLQwenImage"
     lora_target_modules = MMDIT_LORA_TARGETS
 

@@ -33,6 +33,7 @@ class SD3FlowModel(FlowModel):
 
     model_type = "sd3"
     pipeline_class_name = "StableDiffusion3Pipeline"
+    lora_loader_class_name = "SD3LoraLoaderMixin"
     vae_class_name = "AutoencoderKL"
     lora_target_modules = MMDIT_LORA_TARGETS
 

@@ -47,6 +47,7 @@ class TinyFlowModel(FlowModel):
 
     model_type = "tiny"
     pipeline_class_name = "StableDiffusionPipeline"
+    lora_loader_class_name = "StableDiffusionLoraLoaderMixin"
     lora_component = "unet"
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
                            "conv1", "conv2")

@@ -50,6 +50,7 @@ class WanFlowModel(FlowModel):
 
     model_type = "wan22_ti2v_5b"
     pipeline_class_name = "WanPipeline"
+    lora_loader_class_name = "WanLoraLoaderMixin"
     vae_class_name = "AutoencoderKLWan"
     # the reference code's targets: self- and cross-attention projections and the FFN
     lora_target_modules = (
