@@ -28,8 +28,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/family_helpers.py
 
 import torch
+from family_helpers import encode_prompt_batch, make_noise
 
 from rlrunner.batch import Batch
 from rlrunner.cluster import create_cluster
@@ -58,9 +60,9 @@ def synthetic_batch(cfg, num_samples: int) -> Batch:
     """``num_samples`` random clean latents with the recipe's prompts' real conditioning and random advantages."""
     model = build_model(cfg.actor.model)
     prompts = [line for line in (Path(cfg.env.train.dataset.path) / "train.txt").read_text().splitlines() if line]
-    cond = model.encode_prompt_batch([prompts[i % len(prompts)] for i in range(num_samples)])
+    cond = encode_prompt_batch(model, [prompts[i % len(prompts)] for i in range(num_samples)])
     generator = torch.Generator().manual_seed(0)
-    tensors = {"x0": model.make_noise(num_samples, generator).clamp(-1, 1),
+    tensors = {"x0": make_noise(model, num_samples, generator).clamp(-1, 1),
                "advantages": torch.randn(num_samples, generator=generator),
                "sample_index": torch.arange(num_samples),
                **{f"cond.{k}": v.cpu() for k, v in cond.items()}}

@@ -23,6 +23,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "tests"))  # tests/family_helpers.py: noise, prompt batches, the diffusers reference
+
+from family_helpers import encode_prompt_batch, make_noise, pipeline_sample
 
 from rlrunner.models import EMA_ADAPTER, model_class
 from rlrunner.utils.device import resolve_device, resolve_dtype
@@ -75,10 +78,10 @@ def build(family: str, model_path: str | None, args: argparse.Namespace, workdir
 
 def bench_family(family: str, args: argparse.Namespace, workdir: Path) -> float:
     model = build(family, args.model_path, args, workdir)
-    cond = model.encode_prompt_batch([f'a sign that says "{i % 4}"' for i in range(args.batch)])
-    noise = model.make_noise(args.batch, torch.Generator(model.device).manual_seed(0))
+    cond = encode_prompt_batch(model, [f'a sign that says "{i % 4}"' for i in range(args.batch)])
+    noise = make_noise(model, args.batch, torch.Generator(model.device).manual_seed(0))
     ours = lambda: model.sample(cond, noise, sampler="euler", num_steps=args.steps, adapter=EMA_ADAPTER)
-    theirs = lambda: model.pipeline_sample(cond, noise, num_steps=args.steps, adapter=EMA_ADAPTER)
+    theirs = lambda: pipeline_sample(model, cond, noise, num_steps=args.steps, adapter=EMA_ADAPTER)
     max_diff = (ours() - theirs().float()).abs().max().item()  # also the warm-up of both paths
     times = {"ours": [], "diffusers": []}
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits both alike

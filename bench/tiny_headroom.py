@@ -38,7 +38,7 @@ from rlrunner.config.schema import FamilyConfig
 from rlrunner.data.prompts import load_prompts
 from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.models.tiny import TinyFlowModel
-from rlrunner.rewards.base import build_reward
+from rlrunner.rewards import build_reward
 
 DATA = ROOT / "examples/diffusion/data/tiny_ocr"
 RECIPE = ROOT / "examples/diffusion/config/tiny_nft_ocr.yaml"

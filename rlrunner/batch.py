@@ -63,11 +63,6 @@ class Batch:
         """Consecutive pieces of ``size`` samples (the last may be shorter)."""
         return [self.select(slice(start, start + size)) for start in range(0, len(self), size)]
 
-    def chunk(self, n: int) -> list[Batch]:
-        """``n`` consecutive pieces of equal size (``len`` must be divisible by ``n``)."""
-        assert len(self) % n == 0, f"cannot split {len(self)} samples into {n} equal parts"
-        return self.split(len(self) // n)
-
     def per_sample(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         """The per-prompt tensors expanded to one row per sample, ``[B, ...]``, on ``device``.
 

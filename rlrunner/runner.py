@@ -1,6 +1,6 @@
 """The training loop (single controller): the driver calls worker groups; workers never call each other.
 
-One step: rollout (EMA policy) → reward (overlapped with the next rollout chunk) → advantages → NFT update →
+One step: rollout (EMA policy) → reward (overlapped with the next rollout round) → advantages → NFT update →
 EMA → weight sync (LoRA tensors only) → log → eval → checkpoint.
 """
 
@@ -173,20 +173,23 @@ class Runner:
 
     def rollout_and_score(self, prompts: list[str], group_size: int, mode: str, timer: StepTimer,
                           step: int) -> tuple[Rollout, RewardOutput]:
-        """Sample ``group_size`` images per prompt and score them; scoring chunk k overlaps rollout of chunk k+1.
+        """Sample ``group_size`` images per prompt and score them; scoring round k overlaps the rollout of round k+1.
+
+        Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
+        shard per rollout worker, its samples into one share per env worker (:meth:`submit_reward`).
 
         The rollout shards' parts stay with the workers (Ray's object store): images go to the env workers, the
         training part to the actor in :meth:`update`; the driver fetches only the samples it logs.
         """
         self.hand_device_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
-        chunks = [prompts]
+        rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
-            chunks = _split(prompts, 2)
+            rounds = _split(prompts, 2)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
         train, logged, tickets, start = [], [], [], 0
-        for index, chunk in enumerate(chunks):
-            shards = _split(chunk, n_rollout)
+        for index, round_prompts in enumerate(rounds):
+            shards = _split(round_prompts, n_rollout)
             sizes = [len(shard) * group_size for shard in shards]
             offsets = np.cumsum([start, *sizes[:-1]])
             to_log_here = [int(np.clip(to_log - offset, 0, n)) for offset, n in zip(offsets, sizes)]
@@ -197,7 +200,7 @@ class Runner:
                     per_rank_parts=[(attrgetter("train"), attrgetter("scored"), methodcaller("first", k))
                                     for k in to_log_here])
                 for_actor, for_env, for_logs = (parts.part(i) for i in range(3))
-                logged += for_logs.get()  # waits for the chunk's rollout
+                logged += for_logs.get()  # waits for the round's rollout
             train += for_actor.handles()
             tickets.append(self.submit_reward(for_env.handles(), sizes, split))
             start += sum(sizes)
@@ -209,7 +212,7 @@ class Runner:
         return Rollout(train, Batch.cat(logged), start), RewardOutput.concat(rewards)
 
     def submit_reward(self, scored: list[Any], sizes: list[int], split: str) -> list[int]:
-        """Hand the env workers an equal share each of one chunk's samples, as pieces ``(handle, start, stop)``
+        """Hand the env workers an equal share each of one rollout round's samples, as pieces ``(handle, start, stop)``
         of the rollout shards' scored parts (``sizes`` samples each); returns their tickets."""
         shares = _shares(sizes, self.env.world_size)
         return self.env.scatter("submit", [([(scored[i], lo, hi) for i, lo, hi in share], split) for share in shares])

@@ -49,10 +49,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def reward_config(args: argparse.Namespace) -> dict:
-    """``--reward``, ``--engine``, ``--workers`` and ``--set`` as a reward sub-config (values typed by RewardSpec)."""
-    from rlrunner.rewards import RewardSpec
+    """``--reward``, ``--engine``, ``--workers`` and ``--set`` as a reward sub-config (values typed by the recipe
+    schema's ``RewardConfig``)."""
+    from rlrunner.config.schema import RewardConfig
 
-    fields = {f.name: f for f in dataclasses.fields(RewardSpec)}
+    fields = {f.name: f for f in dataclasses.fields(RewardConfig)}
     cfg: dict = {"model": args.reward, "engine": args.engine, "num_workers": args.workers}
     for item in args.set:
         key, sep, value = item.partition("=")

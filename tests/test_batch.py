@@ -29,13 +29,13 @@ def test_select_keeps_only_the_rows_its_samples_use_and_remaps_the_index():
     assert torch.equal(picked.per_sample()["cond"][:, 0], torch.tensor([2.0, 0.0, 2.0]))
 
 
-def test_split_and_chunk_give_pieces_that_carry_only_their_prompts():
+def test_split_gives_pieces_that_carry_only_their_prompts():
     pieces = _groups().split(4)
     assert [len(p) for p in pieces] == [4, 2]
     assert torch.equal(pieces[0].per_prompt["cond"][:, 0], torch.tensor([0.0, 1.0]))
     assert torch.equal(pieces[1].per_prompt["cond"][:, 0], torch.tensor([2.0]))
     assert torch.equal(pieces[1].prompt_index, torch.tensor([0, 0]))
-    halves = _groups().chunk(2)  # samples 0-2 (prompts a, a, b) and 3-5 (b, c, c)
+    halves = _groups().split(3)  # samples 0-2 (prompts a, a, b) and 3-5 (b, c, c)
     assert [h.num_prompts for h in halves] == [2, 2]
     for half, start in zip(halves, (0, 3)):
         assert torch.equal(half.per_sample()["cond"], _groups().per_sample()["cond"][start:start + 3])

@@ -26,7 +26,7 @@ def _repeated(train: Batch) -> Batch:
 
 def test_nft_loss_gradients_and_update_are_the_same_with_conditioning_once_per_prompt(tmp_path):
     cfg = small_recipe(tmp_path, "actor.global_batch_size=12", "actor.micro_batch_size=4", "env.train.total_num_envs=12")
-    train = RolloutWorker(cfg.actor.model, seed=0).generate(PROMPTS, 4, step=0, chunk=0).train
+    train = RolloutWorker(cfg.actor.model, seed=0).generate(PROMPTS, 4, step=0, round_index=0).train
     assert train.num_prompts == 3 and len(train) == 12
     repeated = _repeated(train)
     assert repeated.num_prompts == 12

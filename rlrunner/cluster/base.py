@@ -215,10 +215,6 @@ class Cluster(abc.ABC):
                 ``cluster.worker_timeout_s``.
         """
 
-    def spawn_component(self, role: str, worker_cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
-        """``spawn`` on the devices the placement gives ``role`` (one of actor, env, rollout)."""
-        return self.spawn(role, worker_cls, self.placement.devices_of(role), *args, **kwargs)
-
     @property
     def groups(self) -> tuple[WorkerGroup, ...]:
         """Groups spawned and not yet shut down."""

@@ -32,10 +32,10 @@ from rlrunner.cluster.base import (
     split_parts,
 )
 from rlrunner.cluster.distributed import find_free_port, worker_env
-from rlrunner.cluster.nodes import NODE_ID_LABEL, RAY_RESOURCE, RayNode, check_placement_fits, recipe_nodes
+from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
 from rlrunner.cluster.ray_refs import resolve_refs
-from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
+from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
@@ -204,30 +204,6 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
             except (RayError, GetTimeoutError) as exc:
                 raise WorkerError(role, rank, ips[rank], f"failed in {method!r}", repr(exc)) from None
     return [results[rank] for rank, _ in refs]
-
-
-def bundle_resources(placement: Placement, device: int, device_type: str, cpus_per_worker: float) -> dict[str, float]:
-    """Placement-group bundle of ``device``: one accelerator plus ``cpus_per_worker`` per component on it."""
-    bundle = {"CPU": cpus_per_worker * len(placement.components_on(device))}
-    if device_type != "cpu":
-        bundle[RAY_RESOURCE[device_type]] = 1.0
-    elif cpus_per_worker <= 0:
-        raise ValueError("cluster.cpus_per_worker must be > 0 when workers run on CPUs only")
-    return {k: v for k, v in bundle.items() if v > 0}
-
-
-def worker_resources(placement: Placement, device: int, device_type: str, cpus_per_worker: float) -> dict[str, Any]:
-    """Ray actor options of one worker on ``device``: its CPUs and an equal share of the accelerator.
-
-    Ray keeps 4 decimals of fractional resources, so the share is rounded down (3 workers: 0.3333 each).
-    """
-    share = math.floor(10_000 / max(len(placement.components_on(device)), 1)) / 10_000
-    options: dict[str, Any] = {"num_cpus": cpus_per_worker}
-    if device_type == "cuda":
-        options["num_gpus"] = share
-    elif device_type == "npu":
-        options["resources"] = {RAY_RESOURCE["npu"]: share}
-    return options
 
 
 def _plain(text: str) -> str:

@@ -1,4 +1,4 @@
-"""What accelerators the cluster has: device kind and devices per node.
+"""What accelerators the cluster has (device kind, devices per node), and what each worker reserves of them.
 
 Asks a connected Ray cluster first (its nodes may differ from the driver's machine), then torch on this
 machine, and falls back to one CPU "device" per node. Ray is consulted only when this process has already
@@ -7,12 +7,14 @@ connected to it; nothing here starts Ray.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
 import torch
 
 from rlrunner.cluster.nodes import RAY_RESOURCE, alive_nodes
+from rlrunner.cluster.placement import Placement
 from rlrunner.utils.device import npu_available
 
 
@@ -60,3 +62,27 @@ def _ray_devices_per_node() -> tuple[str, int] | None:
         if max(counts, default=0) > 0:
             return kind, max(counts)
     return "cpu", 1
+
+
+def bundle_resources(placement: Placement, device: int, device_type: str, cpus_per_worker: float) -> dict[str, float]:
+    """Placement-group bundle of ``device``: one accelerator plus ``cpus_per_worker`` per component on it."""
+    bundle = {"CPU": cpus_per_worker * len(placement.components_on(device))}
+    if device_type != "cpu":
+        bundle[RAY_RESOURCE[device_type]] = 1.0
+    elif cpus_per_worker <= 0:
+        raise ValueError("cluster.cpus_per_worker must be > 0 when workers run on CPUs only")
+    return {k: v for k, v in bundle.items() if v > 0}
+
+
+def worker_resources(placement: Placement, device: int, device_type: str, cpus_per_worker: float) -> dict[str, Any]:
+    """Ray actor options of one worker on ``device``: its CPUs and an equal share of the accelerator.
+
+    Ray keeps 4 decimals of fractional resources, so the share is rounded down (3 workers: 0.3333 each).
+    """
+    share = math.floor(10_000 / max(len(placement.components_on(device)), 1)) / 10_000
+    options: dict[str, Any] = {"num_cpus": cpus_per_worker}
+    if device_type == "cuda":
+        options["num_gpus"] = share
+    elif device_type == "npu":
+        options["resources"] = {RAY_RESOURCE["npu"]: share}
+    return options

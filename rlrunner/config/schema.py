@@ -38,6 +38,7 @@ class ClusterConfig:
 @dataclass
 class LoggerConfig:
     log_path: str = "logs"
+    # accepted for compatibility with RLinf recipes, not read: the run folder is named by the recipe file
     experiment_name: str = ""
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
 
@@ -81,14 +82,14 @@ class AlgorithmConfig:
     advantage_mode: str = "global"
     adv_clip_max: float = 5.0
     nft_beta: float = 0.1
-    nft_target_space: str = "x0"
+    nft_target_space: str = "x0"  # accepted for compatibility with RLinf recipes; x0 is the only value
     nft_weight_mode: str = "adaptive"  # adaptive | constant
     nft_clip_ratio: float | None = None
     # EMA "old" policy: scalar tau or [start, end, s0, s1] (RLinf); ema <- (1 - tau) ema + tau theta
     nft_tau: Any = field(default_factory=lambda: [1.0, 0.01, 30, 70])
     # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999
     nft_decay_type: str = ""
-    nft_xcur_source: str = "resample"
+    nft_xcur_source: str = "resample"  # accepted for compatibility with RLinf recipes; resample is the only value
     # noise levels t drawn per rollout sample in each update (flow_grpo/official code train on several timesteps
     # of each trajectory); more draws = more signal per rollout at the cost of update time
     nft_timesteps_per_sample: int = 1
@@ -103,7 +104,7 @@ class AlgorithmConfig:
 
 @dataclass
 class DatasetConfig:
-    type: str = "ocr"  # text prompt files
+    type: str = "ocr"  # text prompt files; accepted for compatibility with RLinf recipes, ocr is the only value
     # a directory with <split>.txt, or a .txt file
     path: str = ""
     split: str = "train"
@@ -113,7 +114,7 @@ class DatasetConfig:
 class RewardConfig:
     type: str = "single"  # single | multi
     model: str = "ocr"  # ocr | video_ocr | image_stats | jpeg_compressibility | remote | vlm_ocr
-    key: str = "ocr"
+    key: str = "ocr"  # RLinf's name of the reward's output; accepted for compatibility, not read
     engine: str = "auto"  # auto | rapidocr | paddleocr
     use_gpu: bool = False
     lang: str = "en"
@@ -214,7 +215,7 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    optimizer: str = "adamw"
+    optimizer: str = "adamw"  # accepted for compatibility with RLinf recipes; adamw is the only value
     lr: float = 3e-4
     weight_decay: float = 1e-4
     adam_beta1: float = 0.9

@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rlrunner.models.base import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, FlowModel
+from rlrunner.models.base import FlowModel
+from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER
 from rlrunner.utils.device import resolve_device, resolve_dtype
 
 MODEL_FAMILIES: dict[str, str] = {

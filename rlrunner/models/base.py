@@ -1,14 +1,11 @@
-"""The one interface every model family implements, and the LoRA plumbing they share.
+"""The one interface every model family implements, and the loading / offloading helpers they share.
 
 A :class:`FlowModel` wraps a rectified-flow denoiser (``x_t = (1 - t) x0 + t eps``, the network predicts
 ``v = eps - x0``) plus whatever turns prompts into conditioning and latents into pixels. Workers only ever
 talk to this interface, so SD3 / Wan / Qwen-Image / tiny differences never leak out of ``models/``.
 
 Two LoRA adapters live on one denoiser: ``default`` (trained by the actor) and ``ema`` (the "old" policy used
-for rollouts and for ``v_old``). Switching between them touches only the LoRA layers collected once at build
-time, never peft's module-wide ``set_adapter`` (which walks every module and toggles ``requires_grad``).
-LoRA tensors are kept in float32 whatever the base dtype, so that AdamW and the EMA (tau down to 0.01) do not
-lose their small updates to bf16 rounding; peft casts the layer input to the adapter dtype and back.
+for rollouts and for ``v_old``); :mod:`rlrunner.models.lora` holds them, ``FlowModel`` forwards to it.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import abc
 import contextlib
 import gc
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +23,7 @@ import torch
 from torch import nn
 
 from rlrunner.algorithms.samplers import sample_flow, sigma_schedule
-from rlrunner.utils.sharded import copy_full_, full_tensor
-
-TRAINED_ADAPTER = "default"
-EMA_ADAPTER = "ema"
-ADAPTERS = (TRAINED_ADAPTER, EMA_ADAPTER)
+from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters
 
 Cond = dict[str, torch.Tensor]
 
@@ -110,16 +102,24 @@ class FlowModel(abc.ABC):
     """Base class of the model families.
 
     Subclasses set ``self.transformer`` (an ``nn.Module`` whose forward the subclass calls in
-    :meth:`_predict_velocity`), ``self.lora_target_modules`` and implement the abstract methods. Families that
+    :meth:`_predict_velocity`), ``self.shapes`` (their :class:`~rlrunner.models.shapes.SampleShapes`),
+    ``self.lora_target_modules`` and implement the abstract methods. Families that
     have text encoders / a VAE list them in ``self.text_encoders`` / ``self.vae`` so that offloading and
     :meth:`release_text_encoders` / :meth:`release_vae` work for all of them.
     """
 
-    #: diffusers pipeline class whose ``save_lora_weights`` / ``load_lora_weights`` read our adapters
     #: the recipe's ``actor.model.model_type`` of this family
     model_type: str = ""
+    #: diffusers pipeline class of the model folder
     pipeline_class_name: str = ""
+    #: that pipeline's LoRA loader mixin (``diffusers.loaders``): it writes our adapter files, which the
+    #: pipeline's ``load_lora_weights`` reads
+    lora_loader_class_name: str = ""
+    #: diffusers class of the family's VAE, loaded in float32 (the decoding precision) by :meth:`load`
+    vae_class_name: str = ""
     lora_target_modules: tuple[str, ...] = ()
+    #: the pipeline's name of the denoiser, which prefixes the keys of its LoRA files
+    lora_component: str = "transformer"
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
 
@@ -130,24 +130,25 @@ class FlowModel(abc.ABC):
         self.transformer: nn.Module
         self.text_encoders: dict[str, nn.Module] = {}
         self.vae: nn.Module | None = None
-        self._lora_layers: list[nn.Module] = []
+        self.lora: LoraAdapters | None = None
         self._negative_cond: Cond | None = None
 
     @classmethod
-    def from_diffusers(cls, pipeline_cls: type, vae_cls: type, model_path: str, family_cfg: Any, *,
-                       device: torch.device, dtype: torch.dtype) -> FlowModel:
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> FlowModel:
         """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``."""
+        import diffusers
+
         path = check_model_path(model_path, cls.pipeline_class_name, cls.model_type)
-        vae = load_pipeline(vae_cls, path, subfolder="vae", dtype=torch.float32)
-        pipe = load_pipeline(pipeline_cls, path, vae=vae, dtype=dtype)
+        vae = load_pipeline(getattr(diffusers, cls.vae_class_name), path, subfolder="vae", dtype=torch.float32)
+        pipe = load_pipeline(getattr(diffusers, cls.pipeline_class_name), path, vae=vae, dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, family_cfg, device=device, dtype=dtype)
 
     # ------------------------------------------------------------------ family-specific
     @property
-    @abc.abstractmethod
     def latent_shape(self) -> tuple[int, ...]:
         """Shape of one sample's latent: ``(C, H, W)`` for images, ``(C, F, H, W)`` for video."""
+        return self.shapes.latent
 
     @abc.abstractmethod
     def encode_prompts(self, prompts: list[str]) -> Cond:
@@ -171,12 +172,6 @@ class FlowModel(abc.ABC):
         """Whether :meth:`decode` returns frames ``[B, F, H, W, 3]`` (video families at num_frames 1 do not)."""
         return len(self.latent_shape) == 4
 
-    def make_noise(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Starting noise ``[batch_size, *latent_shape]`` (float32, on ``self.device``) from ``generator``."""
-        gen_device = generator.device if generator is not None else self.device
-        noise = torch.randn((batch_size, *self.latent_shape), generator=generator, device=gen_device)
-        return noise.to(self.device)
-
     def concat_cond(self, conds: list[Cond]) -> Cond:
         """Concatenate conditionings along the batch (families with ragged text lengths override this)."""
         return {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
@@ -184,13 +179,6 @@ class FlowModel(abc.ABC):
     def repeat_cond(self, cond: Cond, repeats: int) -> Cond:
         """Each row ``repeats`` times, contiguously (``[p0, p0, p1, p1]``): one prompt group per prompt."""
         return {k: v.repeat_interleave(repeats, dim=0) for k, v in cond.items()}
-
-    def encode_prompt_batch(self, prompts: list[str]) -> Cond:
-        """Like :meth:`encode_prompts` but runs the text encoders once per distinct prompt (groups repeat them)."""
-        unique = list(dict.fromkeys(prompts))
-        cond = self.encode_prompts(unique)
-        index = torch.tensor([unique.index(p) for p in prompts], device=self.device)
-        return {k: v.index_select(0, index.to(v.device)) for k, v in cond.items()}
 
     def negative_cond(self, batch_size: int) -> Cond:
         """Conditioning of ``cfg.negative_prompt`` (encoded once, cached) repeated to ``batch_size`` rows."""
@@ -251,40 +239,6 @@ class FlowModel(abc.ABC):
 
         with self.use_adapter(adapter):
             return sample_flow(velocity_fn, noise, sigmas, sampler=sampler, return_trajectory=return_trajectory)
-
-    # ------------------------------------------------------------------ reference: the diffusers pipeline itself
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        """Arguments of ``self.pipe(...)`` that reproduce ``sample(cond, noise)`` without CFG (per family)."""
-        raise NotImplementedError(f"{type(self).__name__} has no diffusers pipeline to compare with")
-
-    def _from_pipeline_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        return latents
-
-    @torch.no_grad()
-    def pipeline_sample(self, cond: Cond, noise: torch.Tensor, *, num_steps: int,
-                        adapter: str | None = EMA_ADAPTER) -> torch.Tensor:
-        """The rollout of :meth:`sample` (Euler, no CFG) through the diffusers pipeline's own ``__call__``.
-
-        The pipeline's scheduler is swapped, for the call only, for a flow-matching Euler scheduler on the same
-        sigma grid, so the result equals ``sample(..., sampler="euler")`` (to float rounding of the grid). For
-        tests and ``bench/rollout_overhead.py``. Returns x0 ``[B, *latent_shape]``.
-        """
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        class GridEulerScheduler(FlowMatchEulerDiscreteScheduler):
-            def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
-                grid = np.linspace(1.0, 0.0, (num_inference_steps or len(sigmas)) + 1)[:-1]
-                super().set_timesteps(sigmas=grid.tolist(), device=device)
-
-        original = self.pipe.scheduler
-        self.pipe.scheduler = GridEulerScheduler(shift=float(self.cfg.shift))
-        try:
-            with self.use_adapter(adapter):
-                out = self.pipe(**self._pipeline_kwargs(cond, noise), num_inference_steps=num_steps,
-                                output_type="latent", return_dict=False)[0]
-        finally:
-            self.pipe.scheduler = original
-        return self._from_pipeline_latents(out)
 
     # ------------------------------------------------------------------ text encoders / VAE placement
     @contextlib.contextmanager
@@ -361,128 +315,53 @@ class FlowModel(abc.ABC):
                 self.load_lora(str(self.cfg.lora_path))
         self._place_components()
 
-    # ------------------------------------------------------------------ LoRA adapters
-    def _add_lora_adapters(self, rank: int, alpha: int, init: str | bool = "gaussian") -> None:
+    # ------------------------------------------------------------------ LoRA adapters (models/lora.py)
+    def _add_lora_adapters(self, rank: int, alpha: int) -> None:
         """Put the ``default`` and ``ema`` LoRA adapters (same init, float32) on the denoiser, base frozen."""
-        from peft import LoraConfig
-        from peft.tuners.tuners_utils import BaseTunerLayer
+        self.lora = LoraAdapters(self.transformer, self.lora_target_modules, rank, alpha)
 
-        self.transformer.requires_grad_(False)
-        lora_config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=init,
-                                 target_modules=list(self.lora_target_modules))
-        with warnings.catch_warnings():  # two adapters on one model is the point here, not a mistake
-            warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
-            for name in ADAPTERS:
-                self.transformer.add_adapter(lora_config, adapter_name=name)
-        self._lora_layers = [m for m in self.transformer.modules() if isinstance(m, BaseTunerLayer)]
-        if not self._lora_layers:
-            raise ValueError(f"no module of {type(self.transformer).__name__} matches the LoRA targets "
-                             f"{list(self.lora_target_modules)}")
-        for pname, param in self.transformer.named_parameters():
-            if any(f".{a}." in pname for a in ADAPTERS):
-                param.data = param.data.float()
-            param.requires_grad_(f".{TRAINED_ADAPTER}." in pname)
-        self.load_lora_state_dict(EMA_ADAPTER, self.lora_state_dict(TRAINED_ADAPTER))
-        self._activate(TRAINED_ADAPTER)
-
-    def _activate(self, adapter: str | None) -> None:
-        # A LoRA layer's forward reads only these two attributes; writing them into the instance dict skips
-        # nn.Module.__setattr__ and shares one list, so a switch costs ~0.01 ms instead of peft's set_adapter
-        # walk over every module (ms per switch, paid twice per micro-batch for v_old).
-        disabled, active = adapter is None, [adapter or TRAINED_ADAPTER]
-        for layer in self._lora_layers:
-            attrs = vars(layer)
-            attrs["_disable_adapters"] = disabled
-            attrs["_active_adapter"] = active
-
-    @contextlib.contextmanager
-    def use_adapter(self, adapter: str | None) -> Iterator[None]:
+    def use_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         """Run the block with ``adapter`` active (``None``: base model), then restore ``default``."""
         if adapter is not None and adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)} or None (base model)")
-        if adapter is not None and not self._lora_layers:
-            raise ValueError(f"adapter {adapter!r} asked for, but this model has no LoRA (use_lora: false)")
-        self._activate(adapter)
-        try:
-            yield
-        finally:
-            if self._lora_layers:
-                self._activate(TRAINED_ADAPTER)
+        if self.lora is None:
+            if adapter is not None:
+                raise ValueError(f"adapter {adapter!r} asked for, but this model has no LoRA (use_lora: false)")
+            return contextlib.nullcontext()
+        return self.lora.use(adapter)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.transformer.parameters() if p.requires_grad]
 
     def adapter_parameters(self, adapter: str) -> list[torch.Tensor]:
         """The adapter's LoRA tensors in a fixed order (the same order for both adapters)."""
-        return [p for n, p in self.transformer.named_parameters() if f".{adapter}." in n]
+        return self._adapters().parameters(adapter)
 
     def lora_state_dict(self, adapter: str) -> dict[str, torch.Tensor]:
         """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached full copies, CPU).
 
         Tensors sharded over ranks (DTensors) are gathered, so every rank of the group must call it.
         """
-        return {n.replace(f".{adapter}.", "."): full_tensor(p.detach()).cpu().clone()
-                for n, p in self.transformer.named_parameters() if f".{adapter}." in n}
+        return self._adapters().state_dict(adapter)
 
-    @torch.no_grad()
     def load_lora_state_dict(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
         """Copy ``state`` (as returned by :meth:`lora_state_dict`) into ``adapter``; keys and shapes must match."""
-        params = {n.replace(f".{adapter}.", "."): p for n, p in self.transformer.named_parameters()
-                  if f".{adapter}." in n}
-        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
-        if missing or unexpected:
-            raise ValueError(f"LoRA state does not match the {adapter!r} adapter: missing {missing[:3]}"
-                             f"{'...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
-                             f"{'...' if len(unexpected) > 3 else ''} (different model or LoRA targets?)")
-        for name, param in params.items():
-            if param.shape != state[name].shape:
-                raise ValueError(f"LoRA tensor {name} has shape {tuple(state[name].shape)}, the model expects "
-                                 f"{tuple(param.shape)} (different lora_rank or model?)")
-            copy_full_(param, state[name])
-
-    def _lora_config_dict(self, adapter: str) -> dict[str, Any]:
-        config = self.transformer.peft_config[adapter].to_dict()
-        config["target_modules"] = sorted(config["target_modules"])
-        return {k: v for k, v in config.items() if k in ("r", "lora_alpha", "target_modules", "init_lora_weights",
-                                                            "lora_dropout", "bias", "use_rslora", "use_dora")}
+        self._adapters().load_state_dict(adapter, state)
 
     def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER,
                   state: dict[str, torch.Tensor] | None = None) -> None:
-        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it.
-
-        ``state``: the adapter's :meth:`lora_state_dict` when the caller already has it (default: read it now).
-        The LoRA config (rank, alpha, targets) goes into the safetensors metadata, so the loader applies the
-        same ``alpha / rank`` scale as training did.
-        """
-        import diffusers
-
-        state = {k: v.contiguous() for k, v in (state or self.lora_state_dict(adapter)).items()}
-        pipeline_cls = getattr(diffusers, self.pipeline_class_name)
-        pipeline_cls.save_lora_weights(directory, transformer_lora_layers=state, safe_serialization=True,
-                                       transformer_lora_adapter_metadata=self._lora_config_dict(adapter))
+        """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it; ``state``: the
+        adapter's :meth:`lora_state_dict` when the caller already has it (default: read it now)."""
+        self._adapters().save(directory, adapter, self.lora_loader_class_name, self.lora_component, state)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save_lora`) into ``adapters``."""
-        import diffusers
+        self._adapters().load(path, adapters, self.lora_loader_class_name, self.lora_component)
 
-        pipeline_cls = getattr(diffusers, self.pipeline_class_name)
-        try:
-            state, metadata = pipeline_cls.lora_state_dict(path, return_lora_metadata=True)
-        except (OSError, ValueError) as err:
-            raise FileNotFoundError(f"lora_path {path!r}: cannot read a diffusers LoRA there "
-                                    f"({str(err).splitlines()[0]})") from err
-        prefix = "transformer."
-        state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-        metadata = {k.removeprefix(prefix): v for k, v in (metadata or {}).items() if k.startswith(prefix)}
-        ours = self._lora_config_dict(TRAINED_ADAPTER)
-        if metadata and metadata.get("lora_alpha", ours["lora_alpha"]) / metadata.get("r", ours["r"]) != (
-            ours["lora_alpha"] / ours["r"]
-        ):
-            raise ValueError(f"lora_path {path!r} was trained with rank {metadata.get('r')} / alpha "
-                             f"{metadata.get('lora_alpha')}, the recipe sets lora_rank {ours['r']} / lora_alpha "
-                             f"{ours['lora_alpha']}; make them match")
-        for adapter in adapters:
-            self.load_lora_state_dict(adapter, state)
+    def _adapters(self) -> LoraAdapters:
+        if self.lora is None:
+            raise ValueError("this model has no LoRA adapters (use_lora: false)")
+        return self.lora
 
 
 def _collect(device: torch.device) -> None:

@@ -27,6 +27,7 @@ from rlrunner.models.base import (
     to_uint8,
     vae_latent_stats,
 )
+from rlrunner.models.lora import MMDIT_LORA_TARGETS
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 
@@ -53,11 +54,9 @@ class QwenImageFlowModel(FlowModel):
 
     model_type = "qwen_image"
     pipeline_class_name = "QwenImagePipeline"
-    # joint-attention projections of both streams, as SD3's targets
-    lora_target_modules = (
-        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-    )
+    lora_loader_class_name = "QwenImageLoraLoaderMixin"
+    vae_class_name = "AutoencoderKLQwenImage"
+    lora_target_modules = MMDIT_LORA_TARGETS
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
@@ -72,14 +71,6 @@ class QwenImageFlowModel(FlowModel):
         self.height, self.width = resolution_hw(family_cfg.resolution)
         self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
-
-    @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> QwenImageFlowModel:
-        """Load from a local diffusers folder or a hub id; transformer / text encoder in ``dtype``, VAE fp32."""
-        from diffusers import AutoencoderKLQwenImage, QwenImagePipeline
-
-        return cls.from_diffusers(QwenImagePipeline, AutoencoderKLQwenImage, model_path, family_cfg,
-                                  device=device, dtype=dtype)
 
     @classmethod
     def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:
@@ -99,10 +90,6 @@ class QwenImageFlowModel(FlowModel):
                 "prompt_mask": ((text_tokens,), torch.int64)}
         return SampleShapes(latent, cond, pixels=(height, width, 3), text_tokens=text_tokens,
                             image_tokens=(latent[1] // 2) * (latent[2] // 2))
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
@@ -140,21 +127,13 @@ class QwenImageFlowModel(FlowModel):
         )[0]
         return unpack_latents(packed, h, w)
 
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        return {"prompt_embeds": cond["prompt_embeds"], "prompt_embeds_mask": cond["prompt_mask"],
-                "latents": pack_latents(noise), "height": self.height, "width": self.width, "true_cfg_scale": 1.0}
-
-    def _from_pipeline_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        _, h, w = self.latent_shape
-        return unpack_latents(latents, h, w)
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""
         images = []
         with self.vae_on_device() as vae:
             mean, std = vae_latent_stats(vae, self.device)
-            for chunk in latents.split(self.decode_batch_size):
-                z = chunk.to(self.device, torch.float32)[:, :, None] * std + mean
+            for part in latents.split(self.decode_batch_size):
+                z = part.to(self.device, torch.float32)[:, :, None] * std + mean
                 images.append(to_uint8(vae.decode(z, return_dict=False)[0][:, :, 0]))
         return np.concatenate(images)

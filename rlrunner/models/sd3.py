@@ -20,6 +20,7 @@ from rlrunner.models.base import (
     resolution_hw,
     to_uint8,
 )
+from rlrunner.models.lora import MMDIT_LORA_TARGETS
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 
@@ -32,11 +33,9 @@ class SD3FlowModel(FlowModel):
 
     model_type = "sd3"
     pipeline_class_name = "StableDiffusion3Pipeline"
-    # the reference code's targets (flow_grpo / DiffusionNFT); "attn.*" leaves SD3.5's extra attn2 untouched
-    lora_target_modules = (
-        "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-        "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
-    )
+    lora_loader_class_name = "SD3LoraLoaderMixin"
+    vae_class_name = "AutoencoderKL"
+    lora_target_modules = MMDIT_LORA_TARGETS
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
@@ -50,14 +49,6 @@ class SD3FlowModel(FlowModel):
         if int(family_cfg.max_sequence_length) > 512:
             raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
         self._setup_transformer()
-
-    @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> SD3FlowModel:
-        """Load from a local diffusers folder or a hub id; transformer / text encoders in ``dtype``, VAE fp32."""
-        from diffusers import AutoencoderKL, StableDiffusion3Pipeline
-
-        return cls.from_diffusers(StableDiffusion3Pipeline, AutoencoderKL, model_path, family_cfg,
-                                  device=device, dtype=dtype)
 
     @classmethod
     def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:
@@ -76,10 +67,6 @@ class SD3FlowModel(FlowModel):
                 "pooled_prompt_embeds": ((int(transformer["pooled_projection_dim"]),), None)}
         return SampleShapes(latent, cond, pixels=(height, width, 3), text_tokens=text_tokens,
                             image_tokens=(latent[1] // patch) * (latent[2] // patch))
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
@@ -101,17 +88,13 @@ class SD3FlowModel(FlowModel):
             return_dict=False,
         )[0]
 
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        return {"prompt_embeds": cond["prompt_embeds"], "pooled_prompt_embeds": cond["pooled_prompt_embeds"],
-                "latents": noise, "height": self.height, "width": self.width, "guidance_scale": 1.0}
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""
         images = []
         with self.vae_on_device() as vae:
             scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
-            for chunk in latents.split(self.decode_batch_size):
-                z = chunk.to(self.device, torch.float32) / scale + shift
+            for part in latents.split(self.decode_batch_size):
+                z = part.to(self.device, torch.float32) / scale + shift
                 images.append(to_uint8(vae.decode(z, return_dict=False)[0]))
         return np.concatenate(images)

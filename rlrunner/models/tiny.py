@@ -17,17 +17,14 @@ the shared samplers and LoRA checkpoints.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlrunner.models.base import ADAPTERS, TRAINED_ADAPTER, Cond, FlowModel
+from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.shapes import SampleShapes
 from rlrunner.models.tiny_text import load_tiny_components, target_text, tiny_velocity
-
-LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
 def _resolution(value: Any) -> tuple[int, int]:
@@ -50,6 +47,8 @@ class TinyFlowModel(FlowModel):
 
     model_type = "tiny"
     pipeline_class_name = "StableDiffusionPipeline"
+    lora_loader_class_name = "StableDiffusionLoraLoaderMixin"
+    lora_component = "unet"
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
                            "conv1", "conv2")
 
@@ -108,10 +107,6 @@ class TinyFlowModel(FlowModel):
                             pixels=(height, width, 3), image_tokens=(height // patch) * (width // patch),
                             text_tokens=slots)
 
-    @property
-    def latent_shape(self) -> tuple[int, ...]:
-        return self.shapes.latent
-
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
         """``{"text_emb": [B, L, D]}`` in the model dtype: slot embeddings of each prompt's quoted text."""
@@ -137,36 +132,3 @@ class TinyFlowModel(FlowModel):
     def targets(self, prompts: list[str]) -> list[str]:
         """The strings the model is asked to draw (first quoted span, spaces removed)."""
         return [target_text(p) for p in prompts]
-
-    def save_lora(self, directory: str, adapter: str = TRAINED_ADAPTER,
-                  state: dict[str, torch.Tensor] | None = None) -> None:
-        """Write ``adapter`` as ``pytorch_lora_weights.safetensors`` (diffusers' UNet LoRA format); ``state``: its
-        :meth:`lora_state_dict` (peft's key layout) when the caller already has it."""
-        # the pipeline's LoRA mixin, not the pipeline: importing StableDiffusionPipeline pulls in transformers'
-        # image processors, which warn about torchvision on every run
-        from diffusers.loaders import StableDiffusionLoraLoaderMixin
-        from diffusers.utils import convert_state_dict_to_diffusers
-
-        if adapter not in ADAPTERS:
-            raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)}")
-        state = state or self.lora_state_dict(adapter)
-        state = {k: v.contiguous() for k, v in convert_state_dict_to_diffusers(state).items()}
-        StableDiffusionLoraLoaderMixin.save_lora_weights(directory, unet_lora_layers=state, safe_serialization=True)
-
-    def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
-        """Load a LoRA written by :meth:`save_lora` (a folder or the ``.safetensors`` file) into ``adapters``."""
-        from diffusers.utils import convert_unet_state_dict_to_peft
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        file = os.path.join(path, LORA_WEIGHT_NAME) if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"LoRA weights {file!r} not found (actor.model.tiny.lora_path={path!r}); expected "
-                                    f"a folder with {LORA_WEIGHT_NAME} or that file, as written by save_lora")
-        state = {k.removeprefix("unet."): v for k, v in load_file(file).items()}
-        state = convert_unet_state_dict_to_peft(state)
-        for name in adapters:
-            result = set_peft_model_state_dict(self.transformer, state, adapter_name=name)
-            unexpected = getattr(result, "unexpected_keys", [])
-            if unexpected:
-                raise ValueError(f"LoRA file {file!r} does not fit the tiny model: unexpected keys {unexpected[:3]}")

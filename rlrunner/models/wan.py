@@ -50,6 +50,8 @@ class WanFlowModel(FlowModel):
 
     model_type = "wan22_ti2v_5b"
     pipeline_class_name = "WanPipeline"
+    lora_loader_class_name = "WanLoraLoaderMixin"
+    vae_class_name = "AutoencoderKLWan"
     # the reference code's targets: self- and cross-attention projections and the FFN
     lora_target_modules = (
         "attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
@@ -77,14 +79,6 @@ class WanFlowModel(FlowModel):
         self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
 
-    @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> WanFlowModel:
-        """Load from a local diffusers folder or a hub id; transformer / UMT5 in ``dtype``, VAE fp32."""
-        from diffusers import AutoencoderKLWan, WanPipeline
-
-        return cls.from_diffusers(WanPipeline, AutoencoderKLWan, model_path, family_cfg,
-                                  device=device, dtype=dtype)
-
     @property
     def is_video(self) -> bool:
         """``num_frames: 1`` makes an image model: latents keep their frame axis, pixels do not."""
@@ -110,10 +104,6 @@ class WanFlowModel(FlowModel):
             pixels=(num_frames, height, width, 3) if num_frames > 1 else (height, width, 3), text_tokens=text_tokens,
             image_tokens=(frames // patch[0]) * (latent[2] // patch[1]) * (latent[3] // patch[2]),
         )
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int]:
-        return self.shapes.latent
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> Cond:
@@ -147,10 +137,6 @@ class WanFlowModel(FlowModel):
             return_dict=False,
         )[0]
 
-    def _pipeline_kwargs(self, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
-        return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": self.height,
-                "width": self.width, "num_frames": self.num_frames, "guidance_scale": 1.0}
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """latents ``[B, C, F', h, w]`` -> uint8 frames ``[B, num_frames, H, W, 3]`` (``[B, H, W, 3]`` when
@@ -158,8 +144,8 @@ class WanFlowModel(FlowModel):
         videos = []
         with self.vae_on_device() as vae:
             mean, std = vae_latent_stats(vae, self.device)
-            for chunk in latents.split(self.decode_batch_size):
-                z = chunk.to(self.device, torch.float32) * std + mean
+            for part in latents.split(self.decode_batch_size):
+                z = part.to(self.device, torch.float32) * std + mean
                 video = vae.decode(z, return_dict=False)[0]  # [b, 3, F, H, W] in [-1, 1]
                 videos.append(to_uint8(video))
         videos = np.concatenate(videos)

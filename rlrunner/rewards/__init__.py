@@ -12,20 +12,12 @@ Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibil
 """
 
 from . import image_stats, multi, ocr, remote, video_ocr, vlm_ocr  # noqa: F401  (modules register themselves)
-from .base import (
-    REWARD_TYPES,
-    REWARDS,
-    Reward,
-    RewardOutput,
-    RewardSpec,
-    RewardUnavailable,
-    build_reward,
-    register_reward,
-)
 from .engines import ENGINES, OcrEngine, build_engine, installed_engines, register_engine
 from .image_stats import ImageStatsReward, JpegCompressibilityReward, PixelReward
 from .multi import MultiReward
 from .ocr import OcrReward, extract_target, ocr_score
+from .output import RewardOutput
+from .registry import REWARD_TYPES, REWARDS, Reward, RewardUnavailable, build_reward, register_reward, reward_config
 from .remote import RemoteReward
 from .scorer import AsyncRewardScorer
 from .video_ocr import VideoOcrReward, chunk_frame_scores, num_chunks
@@ -45,7 +37,6 @@ __all__ = [
     "RemoteReward",
     "Reward",
     "RewardOutput",
-    "RewardSpec",
     "RewardUnavailable",
     "VideoOcrReward",
     "VlmOcrReward",
@@ -58,4 +49,5 @@ __all__ = [
     "ocr_score",
     "register_engine",
     "register_reward",
+    "reward_config",
 ]

@@ -28,17 +28,11 @@ from abc import abstractmethod
 import numpy as np
 from PIL import Image
 
-from .base import (
-    Reward,
-    RewardOutput,
-    RewardSpec,
-    all_failed,
-    as_uint8,
-    check_prompts,
-    error_summary,
-    reason_key,
-    register_reward,
-)
+from rlrunner.config.schema import RewardConfig
+
+from .inputs import all_failed, as_uint8, check_prompts, error_summary, reason_key
+from .output import RewardOutput
+from .registry import Reward, register_reward
 from .video_ocr import chunk_frame_scores
 
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
@@ -107,7 +101,7 @@ class ImageStatsReward(PixelReward):
 
     name = "image_stats"
 
-    def __init__(self, spec: RewardSpec, min_flat: float = 0.5, max_flat: float = 0.95, flat_std: float = 3.0) -> None:
+    def __init__(self, spec: RewardConfig, min_flat: float = 0.5, max_flat: float = 0.95, flat_std: float = 3.0) -> None:
         super().__init__(spec)
         if not 0.0 <= min_flat < max_flat <= 1.0:
             raise ValueError(f"image_stats needs 0 <= min_flat < max_flat <= 1, got {min_flat}, {max_flat}")
@@ -130,7 +124,7 @@ class JpegCompressibilityReward(PixelReward):
 
     name = "jpeg_compressibility"
 
-    def __init__(self, spec: RewardSpec, bits_scale: float = 4.0, quality: int = 95) -> None:
+    def __init__(self, spec: RewardConfig, bits_scale: float = 4.0, quality: int = 95) -> None:
         super().__init__(spec)
         self.bits_scale, self.quality = bits_scale, quality
 

@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (
-    Reward,
-    RewardOutput,
-    RewardSpec,
-    _sum_counts,
-    build_single,
-    register_reward_type,
-)
+from rlrunner.config.schema import RewardConfig
+
+from .output import RewardOutput, sum_counts
+from .registry import Reward, build_single, part_config, register_reward_type
 
 
 @register_reward_type("multi")
@@ -32,7 +28,7 @@ class MultiReward(Reward):
 
     name = "multi"
 
-    def __init__(self, spec: RewardSpec) -> None:
+    def __init__(self, spec: RewardConfig) -> None:
         super().__init__(spec)
         if not spec.rewards:
             raise ValueError(
@@ -44,14 +40,14 @@ class MultiReward(Reward):
         for part in spec.rewards:
             if part.get("type", "single") != "single" or part.get("rewards"):
                 raise ValueError(f"reward.rewards entries cannot be multi rewards themselves, got {dict(part)}")
-            child_spec = spec.child(part)
-            child = build_single(child_spec)
-            name, n = child.name or child_spec.model, 2
+            part_cfg = part_config(spec, part)
+            child = build_single(part_cfg)
+            name, n = child.name or part_cfg.model, 2
             while name in self.names:
-                name, n = f"{child.name or child_spec.model}_{n}", n + 1
+                name, n = f"{child.name or part_cfg.model}_{n}", n + 1
             self.names.append(name)
             self.children.append(child)
-            self.weights.append(float(child_spec.weight))
+            self.weights.append(float(part_cfg.weight))
         if sum(self.weights) <= 0:
             raise ValueError(f"reward.rewards weights must sum to > 0, got {self.weights}")
 
@@ -76,7 +72,7 @@ class MultiReward(Reward):
             errors = int(mask.sum())
         else:
             errors = sum(o.errors for o in outs)
-        extra["error_reasons"] = _sum_counts(
+        extra["error_reasons"] = sum_counts(
             [{f"{n}/{k}": v for k, v in o.extra.get("error_reasons", {}).items()} for n, o in zip(self.names, outs)]
         )
         # one part that cannot score makes the weighted mean meaningless

@@ -16,19 +16,12 @@ from typing import Any
 import Levenshtein
 import numpy as np
 
-from .base import (
-    Reward,
-    RewardOutput,
-    RewardSpec,
-    all_failed,
-    as_uint8,
-    check_prompts,
-    error_summary,
-    is_blank,
-    reason_key,
-    register_reward,
-)
+from rlrunner.config.schema import RewardConfig
+
 from .engines import MIN_TEXT_SCORE, Line, OcrEngine, build_engine, default_num_threads
+from .inputs import all_failed, as_uint8, check_prompts, error_summary, is_blank, reason_key
+from .output import RewardOutput
+from .registry import Reward, register_reward
 
 
 def extract_target(prompt: str) -> str:
@@ -107,7 +100,7 @@ class EnginePool:
     The first engine is built eagerly so that a missing or broken engine fails at ``build_reward`` time.
     """
 
-    def __init__(self, spec: RewardSpec) -> None:
+    def __init__(self, spec: RewardConfig) -> None:
         self._kwargs: dict[str, Any] = {
             "lang": spec.lang,
             "use_gpu": spec.use_gpu,
@@ -162,7 +155,7 @@ class OcrReward(Reward):
 
     name = "ocr"
 
-    def __init__(self, spec: RewardSpec, engines: EnginePool | None = None) -> None:
+    def __init__(self, spec: RewardConfig, engines: EnginePool | None = None) -> None:
         super().__init__(spec)
         self.engines = engines if engines is not None else EnginePool(spec)
 
@@ -197,8 +190,8 @@ class OcrReward(Reward):
         todo = [i for i, r in enumerate(reasons) if r is None]
         texts = [""] * len(images)
         for start in range(0, len(todo), self.spec.batch_size):
-            chunk = todo[start : start + self.spec.batch_size]
-            for i, text in zip(chunk, self._recognize([images[i] for i in chunk], reasons, chunk)):
+            engine_batch = todo[start : start + self.spec.batch_size]
+            for i, text in zip(engine_batch, self._recognize([images[i] for i in engine_batch], reasons, engine_batch)):
                 texts[i] = filter_alphabet(text, self.spec.alphabet)
         scores = np.zeros(len(images), dtype=np.float32)
         for i, (text, prompt) in enumerate(zip(texts, prompts)):

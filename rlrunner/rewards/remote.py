@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import RewardSpec, register_reward
+from rlrunner.config.schema import RewardConfig
+
+from .registry import register_reward
 from .service import FrameResults, ServiceError, ServiceReward, read_secret
 from .wire import MalformedMessage, encode_image, parse_score_response
 
@@ -28,7 +30,7 @@ class RemoteReward(ServiceReward):
 
     name = "remote"
 
-    def __init__(self, spec: RewardSpec) -> None:
+    def __init__(self, spec: RewardConfig) -> None:
         if not spec.url:
             raise ValueError("reward.model=remote needs reward.url, e.g. http://127.0.0.1:8000 (start the server "
                              "with: python -m rlrunner.serve_reward --reward ocr)")

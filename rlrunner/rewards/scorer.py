@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import Reward, RewardOutput
+from .output import RewardOutput
+from .registry import Reward
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -27,17 +27,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import (
-    Reward,
-    RewardOutput,
-    RewardSpec,
-    RewardUnavailable,
-    all_failed,
-    as_uint8,
-    check_prompts,
-    error_summary,
-    reason_key,
-)
+from rlrunner.config.schema import RewardConfig
+
+from .inputs import all_failed, as_uint8, check_prompts, error_summary, reason_key
+from .output import RewardOutput
+from .registry import Reward, RewardUnavailable
 from .video_ocr import chunk_frame_scores
 
 #: First backoff (seconds) and its cap; attempt ``k`` waits ``uniform(0, min(cap, base * 2**k))``.
@@ -171,7 +165,7 @@ class FrameResults:
 class ServiceReward(Reward):
     """A reward computed by an HTTP service; subclasses implement ``score_frames``."""
 
-    def __init__(self, spec: RewardSpec, token: str) -> None:
+    def __init__(self, spec: RewardConfig, token: str) -> None:
         super().__init__(spec)
         self.client = ServiceClient(token, spec.timeout_s, spec.max_retries, spec.max_concurrency)
 

@@ -10,8 +10,10 @@ import math
 
 import numpy as np
 
-from .base import RewardOutput, all_failed, as_uint8, check_prompts, error_summary, register_reward
+from .inputs import all_failed, as_uint8, check_prompts, error_summary
 from .ocr import OcrReward, extract_target
+from .output import RewardOutput
+from .registry import register_reward
 
 
 def num_chunks(num_frames: int, frame_interval: int) -> int:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import RewardSpec, register_reward
+from rlrunner.config.schema import RewardConfig
+
 from .ocr import filter_alphabet, ocr_score, unscorable
+from .registry import register_reward
 from .service import FrameResults, ServiceError, ServiceReward, read_secret
 from .wire import MalformedMessage, data_url, parse_chat_text
 
@@ -42,7 +44,7 @@ class VlmOcrReward(ServiceReward):
 
     name = "vlm_ocr"
 
-    def __init__(self, spec: RewardSpec) -> None:
+    def __init__(self, spec: RewardConfig) -> None:
         if not spec.base_url or not spec.served_model:
             raise ValueError("reward.model=vlm_ocr needs reward.base_url (e.g. http://127.0.0.1:8001/v1) and "
                              "reward.served_model (the endpoint's model name, as in `vllm serve ... "

@@ -102,7 +102,7 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     """Build every component of ``folder`` on the meta device and size it at ``model_cfg.precision``.
 
     The denoiser, text encoders and tiny encoders load in the recipe's precision, the VAE in fp32 (as
-    :meth:`FlowModel.from_diffusers` loads them); LoRA uses the family's targets and the recipe's rank/alpha.
+    :meth:`FlowModel.load` loads them); LoRA uses the family's targets and the recipe's rank/alpha.
     """
     family = model_class(model_cfg.model_type)
     family_cfg = model_cfg[model_cfg.model_type]
@@ -146,7 +146,7 @@ class StepGeometry:
     group_size: int
     rollout_workers: int
     actor_ranks: int
-    rollout_chunks: int  # the runner splits a step's prompts in 2 to overlap reward scoring with rollout
+    rollout_rounds: int  # the runner splits a step's prompts into 2 rounds to overlap reward scoring with rollout
     micro_batch_size: int
     cfg_factor: int  # 2 when rollouts use classifier-free guidance (negative and conditional halves)
     num_logged_samples: int
@@ -158,17 +158,17 @@ class StepGeometry:
     @property
     def samples_per_rollout_call(self) -> int:
         """Samples one rollout worker generates in one ``generate`` call."""
-        return self.samples // self.rollout_chunks // self.rollout_workers
+        return self.samples // self.rollout_rounds // self.rollout_workers
 
 
 def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
     rollout_workers = placement.num_workers("rollout")
     prompts = cfg.env.train.total_num_envs // cfg.algorithm.group_size * cfg.env.train.rollout_epoch
-    chunks = 2 if cfg.runner.async_reward and prompts % (2 * rollout_workers) == 0 else 1
+    rounds = 2 if cfg.runner.async_reward and prompts % (2 * rollout_workers) == 0 else 1
     family = cfg.actor.model[cfg.actor.model.model_type]
     return StepGeometry(
         samples=cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch, group_size=cfg.algorithm.group_size,
-        rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_chunks=chunks,
+        rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_rounds=rounds,
         micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if family.guidance_scale > 1 else 1,
         num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
     )

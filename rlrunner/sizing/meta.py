@@ -150,12 +150,12 @@ def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
 def lora_parameter_count(denoiser: nn.Module, target_modules: tuple[str, ...], rank: int, alpha: int) -> int:
     """Parameters of one LoRA adapter on ``denoiser`` (a meta module; modified in place).
 
-    The adapter is added with the same call as :meth:`FlowModel._add_lora_adapters` (diffusers' ``add_adapter``
-    with peft's ``LoraConfig`` on the family's targets), so the count is peft's own.
+    The adapter is added with the same config as :class:`~rlrunner.models.lora.LoraAdapters` (diffusers'
+    ``add_adapter`` with :func:`~rlrunner.models.lora.lora_config` on the family's targets), so the count is peft's.
     """
-    from peft import LoraConfig
+    from rlrunner.models.lora import lora_config
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules))
+    config = lora_config(target_modules, rank, alpha)
     with torch.device("meta"):
         denoiser.add_adapter(config, adapter_name="default")
     return sum(p.numel() for n, p in denoiser.named_parameters() if ".default." in n)

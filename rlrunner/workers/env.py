@@ -18,7 +18,7 @@ class EnvWorker:
     """Holds one reward (and its OCR engine) per split.
 
     Scoring is asynchronous inside the worker: ``submit`` returns a ticket at once and the reward's scorer
-    threads work while the driver goes on (e.g. with the next rollout chunk); ``collect`` waits for the result.
+    threads work while the driver goes on (e.g. with the next rollout round); ``collect`` waits for the result.
     This overlaps reward and rollout with every backend, in-process included.
     """
 

@@ -44,12 +44,12 @@ class RolloutWorker:
         self.seed, self.rank = seed, rank
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], group_size: int, step: int, chunk: int,
+    def generate(self, prompts: list[str], group_size: int, step: int, round_index: int,
                  mode: str = "train") -> RolloutOutput:
         """Sample ``group_size`` images for each of ``prompts`` (distinct groups, samples of a group contiguous).
 
         Returns the parts of :class:`RolloutOutput` (``N = len(prompts) * group_size`` samples); the text
-        conditioning is sent once per prompt. Noise is seeded from (seed, mode, rank, step, chunk), so any
+        conditioning is sent once per prompt. Noise is seeded from (seed, mode, rank, step, round_index), so any
         rollout can be replayed.
         """
         train = mode == "train"
@@ -57,7 +57,7 @@ class RolloutWorker:
         guidance = cfg.guidance_scale if train else cfg.eval_guidance_scale
         cond = self.model.encode_prompts(prompts)  # text encoders run once per prompt
         n = len(prompts) * group_size
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, f"rollout-{mode}", self.rank, step, chunk))
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, f"rollout-{mode}", self.rank, step, round_index))
         noise = torch.randn((n, *self.model.latent_shape), generator=generator).to(self.model.device)
         x0 = self.model.sample(
             self.model.repeat_cond(cond, group_size), noise, sampler=cfg.train_sampler if train else cfg.eval_sampler,

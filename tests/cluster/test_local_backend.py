@@ -74,7 +74,7 @@ def test_spawn_passes_args_rank_and_world_size(cluster):
     assert group.call("identity") == [(0, 2), (1, 2)]
     assert group.call("value") == [10, 11]
     assert group.node_ips == ("127.0.0.1", "127.0.0.1")
-    one = cluster.spawn_component("env", Counter)
+    one = cluster.spawn("env", Counter, cluster.placement.devices_of("env"))
     assert one.call("value") == [0, 1] and cluster.groups == (group, one)
 
 
@@ -184,4 +184,4 @@ def test_works_with_the_recipe_schema():
     cfg = omegaconf.OmegaConf.structured(schema.ClusterConfig(backend="local", num_devices_per_node=2))
     with create_cluster(cfg) as c:
         assert c.placement.num_workers("rollout") == 2 and c.worker_timeout_s == cfg.worker_timeout_s
-        assert c.spawn_component("env", Counter).call("identity") == [(0, 2), (1, 2)]
+        assert c.spawn("env", Counter, c.placement.devices_of("env")).call("identity") == [(0, 2), (1, 2)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from family_helpers import make_noise
 
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.models.wan import latent_num_frames
@@ -28,7 +29,7 @@ def test_wan_video_and_image_modes(load_tiny, num_frames, pixels_shape):
     model = load_tiny(WAN, num_frames=num_frames)
     assert model.latent_shape == (48, latent_num_frames(num_frames), 2, 2)
     assert model.is_video == (num_frames > 1)
-    x0 = model.sample(model.encode_prompts(["a", "b"]), model.make_noise(2), sampler="euler", num_steps=2)
+    x0 = model.sample(model.encode_prompts(["a", "b"]), make_noise(model, 2), sampler="euler", num_steps=2)
     assert model.decode(x0).shape == pixels_shape
 
 
@@ -77,7 +78,7 @@ def test_bf16_base_keeps_float32_lora(load_tiny):
     assert {p.dtype for p in model.trainable_parameters()} == {torch.float32}
     cond = model.encode_prompts(["a", "b"])
     assert cond["prompt_embeds"].dtype == torch.bfloat16
-    x0 = model.sample(cond, model.make_noise(2), sampler="dpm2", num_steps=2)
+    x0 = model.sample(cond, make_noise(model, 2), sampler="dpm2", num_steps=2)
     assert x0.dtype == torch.float32 and torch.isfinite(x0).all()
     v = model.velocity(x0, torch.tensor([0.5, 0.5]), cond, TRAINED_ADAPTER)
     v.float().pow(2).mean().backward()
@@ -105,7 +106,7 @@ def test_offload_options_and_released_components(load_tiny):
     model = load_tiny("sd3", offload_text_encoder=True, offload_vae=True)
     cond = model.encode_prompts(["a", "b"])
     assert all(next(m.parameters()).device.type == "cpu" for m in model.text_encoders.values())
-    x0 = model.sample(cond, model.make_noise(2), sampler="euler", num_steps=2)
+    x0 = model.sample(cond, make_noise(model, 2), sampler="euler", num_steps=2)
     assert model.decode(x0).shape == (2, 16, 16, 3)
     model.release_text_encoders()
     model.release_vae()
@@ -115,7 +116,7 @@ def test_offload_options_and_released_components(load_tiny):
     with pytest.raises(RuntimeError, match="released"):
         model.decode(x0)
     # the denoiser and its adapters keep working from precomputed conditioning
-    assert model.sample(cond, model.make_noise(2), sampler="euler", num_steps=2, adapter=EMA_ADAPTER).shape == x0.shape
+    assert model.sample(cond, make_noise(model, 2), sampler="euler", num_steps=2, adapter=EMA_ADAPTER).shape == x0.shape
 
 
 def test_build_model_from_the_recipe_section(tiny_dirs):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from family_helpers import encode_prompt_batch, make_noise, pipeline_sample
 
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER
 
@@ -25,7 +26,7 @@ def model(model_type, load_tiny):
 
 
 def _noise(model, batch: int, seed: int) -> torch.Tensor:
-    return model.make_noise(batch, torch.Generator().manual_seed(seed))
+    return make_noise(model, batch, torch.Generator().manual_seed(seed))
 
 
 def _perturb(model, adapter: str = TRAINED_ADAPTER, seed: int = 0) -> None:
@@ -75,7 +76,7 @@ def test_euler_rollout_equals_the_diffusers_pipeline_call(model):
     cond = model.encode_prompts(PROMPTS)
     noise = _noise(model, 3, seed=5)
     ours = model.sample(cond, noise, sampler="euler", num_steps=2, adapter=EMA_ADAPTER)
-    theirs = model.pipeline_sample(cond, noise, num_steps=2, adapter=EMA_ADAPTER)
+    theirs = pipeline_sample(model, cond, noise, num_steps=2, adapter=EMA_ADAPTER)
     torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=1e-5)
 
 
@@ -83,7 +84,7 @@ def test_prompt_groups_encode_each_prompt_once(model, monkeypatch):
     calls = []
     encode = model.encode_prompts
     monkeypatch.setattr(model, "encode_prompts", lambda prompts: calls.append(list(prompts)) or encode(prompts))
-    grouped = model.encode_prompt_batch([p for p in PROMPTS for _ in range(4)])
+    grouped = encode_prompt_batch(model, [p for p in PROMPTS for _ in range(4)])
     assert calls == [PROMPTS]
     direct = model.repeat_cond(encode(PROMPTS), 4)
     assert grouped.keys() == direct.keys()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from family_helpers import make_noise
 from omegaconf import OmegaConf
 
 from rlrunner.config.schema import ModelConfig
@@ -94,7 +95,7 @@ def test_sample_shapes_are_what_the_family_produces(load_tiny, model_type):
             assert cond[name].shape[1] <= shape[0] and cond[name].shape[2:] == shape[1:]
         else:
             assert cond[name].shape[1:] == shape
-    x0 = model.sample(cond, model.make_noise(2), sampler="euler", num_steps=1)
+    x0 = model.sample(cond, make_noise(model, 2), sampler="euler", num_steps=1)
     assert x0.shape[1:] == model.shapes.latent
     assert model.decode(x0).shape[1:] == model.shapes.pixels
 
@@ -137,7 +138,7 @@ def test_activation_formula_by_hand():
 
 
 def test_fsdp2_shards_the_actor_over_its_ranks():
-    geometry = StepGeometry(samples=16, group_size=4, rollout_workers=1, actor_ranks=4, rollout_chunks=1,
+    geometry = StepGeometry(samples=16, group_size=4, rollout_workers=1, actor_ranks=4, rollout_rounds=1,
                             micro_batch_size=2, cfg_factor=1, num_logged_samples=4)
     ddp = {p.name: p.nbytes for p in actor_plan(_toy_sizes(), geometry, "ddp", True).parts}
     fsdp = {p.name: p.nbytes for p in actor_plan(_toy_sizes(), geometry, "fsdp2", True).parts}

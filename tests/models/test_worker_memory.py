@@ -49,7 +49,7 @@ def test_the_actor_holds_only_the_denoiser_its_lora_and_optimizer_state(model_ty
     actor_cfg = OmegaConf.structured(ActorConfig(micro_batch_size=2, global_batch_size=4))
     actor_cfg.model = tiny_model_cfg(model_type)
     rollout = RolloutWorker(actor_cfg.model, seed=0)
-    out = rollout.generate(["a sign", "b sign"], 2, step=0, chunk=0)
+    out = rollout.generate(["a sign", "b sign"], 2, step=0, round_index=0)
     actor = ActorWorker(actor_cfg, OmegaConf.structured(AlgorithmConfig()), num_train_steps=1)
     actor.update([out.train], torch.arange(4), torch.arange(4), torch.tensor([1.0, -1.0, 0.5, -0.5]), step=0)
 

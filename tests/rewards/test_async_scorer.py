@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from reward_helpers import coded_image
 
-from rlrunner.rewards import AsyncRewardScorer, Reward, RewardOutput, RewardSpec, build_reward
+from rlrunner.config.schema import RewardConfig
+from rlrunner.rewards import AsyncRewardScorer, Reward, RewardOutput, build_reward
 
 
 class SlowMean(Reward):
@@ -18,7 +19,7 @@ class SlowMean(Reward):
     name = "slow_mean"
 
     def __init__(self) -> None:
-        super().__init__(RewardSpec())
+        super().__init__(RewardConfig())
         self.threads: set[str] = set()
         self.delay = 0.0  # seconds every call sleeps (on top of the "slow" prompt)
         self.lock = threading.Lock()

@@ -1,0 +1,90 @@
+"""Helpers of the model tests and ``bench/rollout_overhead.py`` (which imports this file by path): starting noise,
+prompt batches encoded once per distinct prompt, and the reference rollout through the diffusers pipeline itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlrunner.models import EMA_ADAPTER, FlowModel
+from rlrunner.models.base import Cond
+
+
+def make_noise(model: FlowModel, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Starting noise ``[batch_size, *latent_shape]`` (float32, on ``model.device``) from ``generator``."""
+    gen_device = generator.device if generator is not None else model.device
+    noise = torch.randn((batch_size, *model.latent_shape), generator=generator, device=gen_device)
+    return noise.to(model.device)
+
+
+def encode_prompt_batch(model: FlowModel, prompts: list[str]) -> Cond:
+    """Like ``model.encode_prompts`` but runs the text encoders once per distinct prompt (groups repeat them)."""
+    unique = list(dict.fromkeys(prompts))
+    cond = model.encode_prompts(unique)
+    index = torch.tensor([unique.index(p) for p in prompts], device=model.device)
+    return {k: v.index_select(0, index.to(v.device)) for k, v in cond.items()}
+
+
+def _sd3_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+    return {"prompt_embeds": cond["prompt_embeds"], "pooled_prompt_embeds": cond["pooled_prompt_embeds"],
+            "latents": noise, "height": model.height, "width": model.width, "guidance_scale": 1.0}
+
+
+def _wan_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+    return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": model.height, "width": model.width,
+            "num_frames": model.num_frames, "guidance_scale": 1.0}
+
+
+def _qwen_image_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+    from rlrunner.models.qwen_image import pack_latents
+
+    return {"prompt_embeds": cond["prompt_embeds"], "prompt_embeds_mask": cond["prompt_mask"],
+            "latents": pack_latents(noise), "height": model.height, "width": model.width, "true_cfg_scale": 1.0}
+
+
+def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
+    from rlrunner.models.qwen_image import unpack_latents
+
+    _, h, w = model.latent_shape
+    return unpack_latents(latents, h, w)
+
+
+#: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise)`` without CFG, and how to read
+#: the pipeline's output latents back into ``[B, *latent_shape]``
+PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, torch.Tensor], torch.Tensor]]] = {
+    "sd3": (_sd3_call, lambda model, latents: latents),
+    "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
+    "qwen_image": (_qwen_image_call, _qwen_image_latents),
+}
+
+
+@torch.no_grad()
+def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int,
+                    adapter: str | None = EMA_ADAPTER) -> torch.Tensor:
+    """The rollout of ``model.sample`` (Euler, no CFG) through the diffusers pipeline's own ``__call__``.
+
+    The pipeline's scheduler is swapped, for the call only, for a flow-matching Euler scheduler on the same
+    sigma grid, so the result equals ``sample(..., sampler="euler")`` (to float rounding of the grid).
+    Returns x0 ``[B, *latent_shape]``.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    class GridEulerScheduler(FlowMatchEulerDiscreteScheduler):
+        def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
+            grid = np.linspace(1.0, 0.0, (num_inference_steps or len(sigmas)) + 1)[:-1]
+            super().set_timesteps(sigmas=grid.tolist(), device=device)
+
+    call_kwargs, from_pipeline_latents = PIPELINE_CALLS[model.model_type]
+    original = model.pipe.scheduler
+    model.pipe.scheduler = GridEulerScheduler(shift=float(model.cfg.shift))
+    try:
+        with model.use_adapter(adapter):
+            out = model.pipe(**call_kwargs(model, cond, noise), num_inference_steps=num_steps, output_type="latent",
+                             return_dict=False)[0]
+    finally:
+        model.pipe.scheduler = original
+    return from_pipeline_latents(model, out)
