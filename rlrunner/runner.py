@@ -33,6 +33,7 @@ from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.rewards import RewardOutput, RewardUnavailable
+from rlrunner.shares import env_shares, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker
@@ -41,25 +42,6 @@ from rlrunner.workers.rollout import RolloutWorker
 logger = logging.getLogger("rlrunner")
 # keyword that each advantage estimator takes for algorithm.advantage_mode
 ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
-
-
-def _split(items: list, parts: int) -> list[list]:
-    """``parts`` consecutive shares of ``items``, the first ``len % parts`` one longer: 10 prompts on 3 workers: 4, 3, 3."""
-    size, extra = divmod(len(items), parts)
-    starts = [i * size + min(i, extra) for i in range(parts + 1)]
-    return [items[starts[i]:starts[i + 1]] for i in range(parts)]
-
-
-def _shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
-    """Consecutive shares of ``ceil(total / parts)`` samples (the last ones may be shorter or empty) of shards of
-    ``sizes`` samples, each as pieces ``(shard, start, stop)``; an empty share is one empty piece of shard 0."""
-    total = sum(sizes)
-    size, offsets = math.ceil(total / parts), np.cumsum([0, *sizes[:-1]]).tolist()
-    shares = []
-    for lo, hi in ((i * size, min((i + 1) * size, total)) for i in range(parts)):
-        shares.append([(i, max(lo - o, 0), min(hi - o, n)) for i, (o, n) in enumerate(zip(offsets, sizes))
-                       if o < hi and lo < o + n] or [(0, 0, 0)])
-    return shares
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
@@ -185,11 +167,11 @@ class Runner:
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
-            rounds = _split(prompts, 2)
+            rounds = split_evenly(prompts, 2)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
         train, logged, tickets, start = [], [], [], 0
         for index, round_prompts in enumerate(rounds):
-            shards = _split(round_prompts, n_rollout)
+            shards = split_evenly(round_prompts, n_rollout)
             sizes = [len(shard) * group_size for shard in shards]
             offsets = np.cumsum([start, *sizes[:-1]])
             to_log_here = [int(np.clip(to_log - offset, 0, n)) for offset, n in zip(offsets, sizes)]
@@ -214,7 +196,7 @@ class Runner:
     def submit_reward(self, scored: list[Any], sizes: list[int], split: str) -> list[int]:
         """Hand the env workers an equal share each of one rollout round's samples, as pieces ``(handle, start, stop)``
         of the rollout shards' scored parts (``sizes`` samples each); returns their tickets."""
-        shares = _shares(sizes, self.env.world_size)
+        shares = env_shares(sizes, self.env.world_size)
         return self.env.scatter("submit", [([(scored[i], lo, hi) for i, lo, hi in share], split) for share in shares])
 
     def collect_reward(self, tickets: list[int]) -> RewardOutput:

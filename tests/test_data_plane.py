@@ -146,10 +146,10 @@ def test_with_ray_the_driver_holds_only_logged_samples_and_the_actor_no_pixels(t
 
 
 def test_env_shares_cut_rollout_shards_into_equal_consecutive_pieces():
-    from rlrunner.runner import _shares
+    from rlrunner.shares import env_shares
 
     # 3 shards of 4 samples (12) to 5 env workers: shares of ceil(12 / 5) = 3 samples, the last empty
-    assert _shares([4, 4, 4], 5) == [[(0, 0, 3)], [(0, 3, 4), (1, 0, 2)], [(1, 2, 4), (2, 0, 1)], [(2, 1, 4)],
+    assert env_shares([4, 4, 4], 5) == [[(0, 0, 3)], [(0, 3, 4), (1, 0, 2)], [(1, 2, 4), (2, 0, 1)], [(2, 1, 4)],
                                      [(0, 0, 0)]]
-    assert _shares([8], 2) == [[(0, 0, 4)], [(0, 4, 8)]]
-    assert _shares([2, 2], 1) == [[(0, 0, 2), (1, 0, 2)]]
+    assert env_shares([8], 2) == [[(0, 0, 4)], [(0, 4, 8)]]
+    assert env_shares([2, 2], 1) == [[(0, 0, 2), (1, 0, 2)]]

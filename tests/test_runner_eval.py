@@ -11,13 +11,14 @@ from runner_helpers import make_assets, small_recipe, train_metrics
 
 from rlrunner.cluster import create_cluster
 from rlrunner.logger import StepTimer
-from rlrunner.runner import Runner, _split
+from rlrunner.runner import Runner
+from rlrunner.shares import split_evenly
 
 
 def test_split_shares_unevenly_and_drops_nothing():
-    assert _split(list(range(10)), 3) == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    assert _split(list(range(8)), 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert _split([1, 2], 3) == [[1], [2], []]
+    assert split_evenly(list(range(10)), 3) == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert split_evenly(list(range(8)), 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert split_evenly([1, 2], 3) == [[1], [2], []]
 
 
 def test_ten_eval_prompts_on_three_rollout_workers_are_each_scored_once(tmp_path):

@@ -1,0 +1,29 @@
+"""How the driver divides a step's work: prompts over rollout rounds and workers, samples over env workers.
+
+Pure list arithmetic (no Ray, no torch), so the runner's bookkeeping can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def split_evenly(items: list, parts: int) -> list[list]:
+    """``parts`` consecutive shares of ``items``, the first ``len % parts`` one longer: 10 prompts on 3 workers: 4, 3, 3."""
+    size, extra = divmod(len(items), parts)
+    starts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [items[starts[i]:starts[i + 1]] for i in range(parts)]
+
+
+def env_shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
+    """Consecutive shares of ``ceil(total / parts)`` samples (the last ones may be shorter or empty) of shards of
+    ``sizes`` samples, each as pieces ``(shard, start, stop)``; an empty share is one empty piece of shard 0."""
+    total = sum(sizes)
+    size, offsets = math.ceil(total / parts), np.cumsum([0, *sizes[:-1]]).tolist()
+    shares = []
+    for lo, hi in ((i * size, min((i + 1) * size, total)) for i in range(parts)):
+        shares.append([(i, max(lo - o, 0), min(hi - o, n)) for i, (o, n) in enumerate(zip(offsets, sizes))
+                       if o < hi and lo < o + n] or [(0, 0, 0)])
+    return shares
