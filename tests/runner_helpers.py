@@ -31,6 +31,7 @@ SMALL_OVERRIDES = [
     "runner.sample_log_interval=1",
     "runner.num_logged_samples=4",
     "cluster.backend=local",
+    "runner.async_reward=true",  # the GPU recipes' default path: reward of one rollout round beside the next
 ]
 
 

@@ -109,8 +109,9 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
 def test_default_recipe_learns_on_one_seed(tmp_path):
     """The CPU recipe's first 20 steps raise the held-out OCR reward (fixed eval noise, 128 prompts).
 
-    Measured on a 2-core machine: 0.751 at step 0, 0.780 at step 20 (seed 42); the full 100-step recipe
-    reaches about 0.80. Half the measured 20-step gain is required, above the eval's step-to-step jitter (±0.01).
+    Measured on a 2-core machine: 0.759 at step 0, 0.803 at step 20 (seed 42; 0.751 -> 0.780 before per-sample
+    training noise and the recipe's async_reward: false). At least +0.015 is required, above the eval's
+    step-to-step jitter (±0.01).
     """
     result = launch("runner.max_steps=20", "runner.val_check_interval=20", "runner.save_interval=0",
                     log_root=tmp_path, timeout=900)
