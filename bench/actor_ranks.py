@@ -45,9 +45,10 @@ class BenchActor(ActorWorker):
     """An actor rank that reports the CPU seconds of its updates and can also train without its engine (on its
     share alone, exchanging nothing)."""
 
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
+    def update(self, rollout: list[Batch], index: torch.Tensor, sample_index: torch.Tensor, advantages: torch.Tensor,
+               step: int) -> dict[str, float]:
         start = time.process_time()  # this process's CPU time, gloo's threads included; waiting costs none
-        metrics = super().update(batch, step)
+        metrics = super().update(rollout, index, sample_index, advantages, step)
         return {**metrics, "cpu_s": time.process_time() - start}
 
     def use_engine(self, on: bool) -> None:
@@ -56,20 +57,21 @@ class BenchActor(ActorWorker):
         self.engine = self.own_engine if on else Engine(self.model)
 
 
-def synthetic_batch(cfg, num_samples: int) -> Batch:
-    """``num_samples`` random clean latents with the recipe's prompts' real conditioning and random advantages."""
+def synthetic_batch(cfg, num_samples: int) -> tuple[Batch, torch.Tensor]:
+    """A rollout's training part of ``num_samples`` random clean latents with the recipe's prompts' real
+    conditioning (once per prompt, as the rollout sends it), and random advantages ``[num_samples]``."""
     model = build_model(cfg.actor.model)
     prompts = [line for line in (Path(cfg.env.train.dataset.path) / "train.txt").read_text().splitlines() if line]
-    cond = encode_prompt_batch(model, [prompts[i % len(prompts)] for i in range(num_samples)])
+    num_prompts = num_samples // cfg.algorithm.group_size
+    cond = encode_prompt_batch(model, prompts[:num_prompts])
     generator = torch.Generator().manual_seed(0)
-    tensors = {"x0": make_noise(model, num_samples, generator).clamp(-1, 1),
-               "advantages": torch.randn(num_samples, generator=generator),
-               "sample_index": torch.arange(num_samples),
-               **{f"cond.{k}": v.cpu() for k, v in cond.items()}}
-    return Batch(tensors, {})
+    x0 = make_noise(model, num_samples, generator).clamp(-1, 1)
+    prompt_index = torch.arange(num_prompts).repeat_interleave(cfg.algorithm.group_size)
+    batch = Batch({"x0": x0}, {}, {f"cond.{k}": v.cpu() for k, v in cond.items()}, prompt_index)
+    return batch, torch.randn(num_samples, generator=generator)
 
 
-def time_updates(overrides: list[str], batch: Batch, steps: int, baseline: bool) -> dict[str, tuple[float, float]]:
+def time_updates(overrides: list[str], batch: Batch, advantages: torch.Tensor, steps: int, baseline: bool) -> dict[str, tuple[float, float]]:
     """Median (wall seconds, CPU seconds summed over ranks) of ``update`` on 1 rank, on 2 ranks and (``baseline``)
     on 2 ranks without the engine, interleaved round by round in one Ray session (all see the same machine load)."""
     cfg = load_recipe("tiny_nft_ocr", [*overrides, "cluster.backend=ray", "cluster.num_devices_per_node=3",
@@ -87,7 +89,8 @@ def time_updates(overrides: list[str], batch: Batch, steps: int, baseline: bool)
                 group.call("use_engine", engine)
                 shards = optimizer_step_shards(len(batch), cfg.actor.global_batch_size, group.world_size)
                 start = time.perf_counter()
-                metrics = group.scatter("update", [(batch.select(shard), step) for shard in shards])
+                metrics = group.scatter("update", [([batch], shard, shard, advantages[shard], step)
+                                                   for shard in shards])
                 seconds[name].append(time.perf_counter() - start)
                 cpu_seconds[name].append(sum(m["cpu_s"] for m in metrics))
     for name in settings:
@@ -105,9 +108,9 @@ def main() -> None:
     args = parser.parse_args()
     overrides = [*args.overrides, f"actor.strategy={args.strategy}"]
     cfg = load_recipe("tiny_nft_ocr", overrides)
-    batch = synthetic_batch(cfg, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch)
+    batch, advantages = synthetic_batch(cfg, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch)
     # FSDP2's hooks live on the model's own modules: only DDP can be switched off for a no-engine baseline
-    times = time_updates(overrides, batch, args.steps, baseline=args.strategy == "ddp")
+    times = time_updates(overrides, batch, advantages, args.steps, baseline=args.strategy == "ddp")
     (one, one_cpu), (two, two_cpu) = times["1 rank"], times["2 ranks"]
     print(f"actor update of {len(batch)} samples (global_batch_size {cfg.actor.global_batch_size}, micro-batch "
           f"{cfg.actor.micro_batch_size}), median of {args.steps} after a warm-up, gloo on CPU")

@@ -70,7 +70,7 @@ class DDPEngine(Engine):
     def __init__(self, model: Any, world_size: int) -> None:
         super().__init__(model)
         # buffers are identical on every rank (same files, same seeded LoRA init): no per-forward broadcast
-        self.ddp = nn.parallel.DistributedDataParallel(_TrainedVelocity(model), broadcast_buffers=False)
+        self.ddp = nn.parallel.DistributedDataParallel(_TrainedVelocity(model), forward_sync_buffers=False)
 
     def velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.ddp(latents, t, cond)
