@@ -36,14 +36,14 @@ def nbytes(value) -> int:
 class MeasuredActor(ActorWorker):
     """Records what each update fetched: the rollout's training parts, split into latents and conditioning."""
 
-    def update(self, rollout, index, advantages, step):
+    def update(self, rollout, index, sample_index, advantages, step):
         self.fetched = {"training parts": sum(nbytes(p) for p in rollout),
                         "  of which x0": sum(p.tensors["x0"].nbytes for p in rollout),
                         "  of which conditioning (once per prompt)": sum(v.nbytes for p in rollout
                                                                          for v in p.per_prompt.values()),
                         "conditioning if repeated per sample": sum(v.nbytes for p in rollout
                                                                    for v in p.per_sample().values())}
-        return super().update(rollout, index, advantages, step)
+        return super().update(rollout, index, sample_index, advantages, step)
 
     def measured(self) -> dict[str, int]:
         return self.fetched

@@ -168,7 +168,7 @@ def main() -> int:
 
     b = args.rollout_batch
     cond = random_cond(model, b, args.text_tokens, gen)
-    noise = model.make_noise(b, gen)
+    noise = torch.randn((b, *model.latent_shape), generator=gen, device=device)
     sample = lambda: model.sample(cond, noise, sampler="dpm2", num_steps=NUM_STEPS, adapter=EMA_ADAPTER)  # noqa
     t_roll, x0 = timed(sample, device, args.repeats)
     assert x0.shape == (b, *model.latent_shape) and torch.isfinite(x0).all(), "rollout produced non-finite latents"

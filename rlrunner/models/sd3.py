@@ -23,6 +23,8 @@ from rlrunner.models.base import (
 from rlrunner.models.lora import MMDIT_LORA_TARGETS
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
+CLIP_TOKENS = 77  # the SD3 pipeline's CLIP tokenizer length when it has no tokenizer to ask
+
 
 class SD3FlowModel(FlowModel):
     """SD3 family behind :class:`~rlrunner.models.base.FlowModel`.
@@ -62,7 +64,9 @@ class SD3FlowModel(FlowModel):
         factor, patch = 2 ** (len(configs["vae"]["block_out_channels"]) - 1), int(transformer["patch_size"])
         check_divisible(height, width, factor * patch, "sd3")
         latent = (int(transformer["in_channels"]), height // factor, width // factor)
-        text_tokens = int(configs["text_encoder"]["max_position_embeddings"]) + int(family_cfg.max_sequence_length)
+        # CLIP's length; 77, as the pipeline assumes, for a pipeline built without text encoders (bench/gpu_smoke.sh)
+        clip_tokens = configs.get("text_encoder", {}).get("max_position_embeddings", CLIP_TOKENS)
+        text_tokens = int(clip_tokens) + int(family_cfg.max_sequence_length)
         cond = {"prompt_embeds": ((text_tokens, int(transformer["joint_attention_dim"])), None),
                 "pooled_prompt_embeds": ((int(transformer["pooled_projection_dim"]),), None)}
         return SampleShapes(latent, cond, pixels=(height, width, 3), text_tokens=text_tokens,
