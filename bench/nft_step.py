@@ -35,6 +35,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing rlrunner
 from rlrunner.algorithms.nft import nft_loss
 from rlrunner.algorithms.samplers import sample_xt
+from rlrunner.models.lora import fast_switch
 
 NUM_STEPS = 10  # sampler steps: the training t grid
 TRAINED, OLD = "default", "ema"
@@ -52,44 +53,28 @@ LORA_TARGETS = [
 
 
 class AdapterSwitch:
-    """Cheap switching of the active peft LoRA adapter, for v_old (``ema``) and v_base (adapters off).
+    """rlrunner's LoRA switch (:func:`rlrunner.models.lora.fast_switch`, what the actor uses for v_old and v_base)
+    as a block that restores the trained adapter.
 
-    peft/diffusers ``model.set_adapter(name)`` walks every module of the model and, on each LoRA layer, loops over
-    its adapter weights setting ``requires_grad`` (True for the new active adapter, False for the others) before it
-    rebinds ``layer._active_adapter``: a switch to ``ema`` and back is two full walks, and it flips
-    ``requires_grad`` on the trained weights. A LoRA layer's forward reads only ``layer.active_adapters`` (derived
-    from ``layer._active_adapter``) and ``layer.disable_adapters`` (``layer._disable_adapters``). So: collect the
-    LoRA layers once, and to switch write just those two attributes straight into each layer's instance
-    ``__dict__`` (a dict store, skipping ``nn.Module.__setattr__``; no module walk, no ``requires_grad`` change),
-    and restore the previous values on exit, even on error.
-
-    Use under ``torch.no_grad()``: the ``ema`` weights keep ``requires_grad=False`` (set once by
-    ``set_adapter(TRAINED)``). Build it after all adapters are injected, with plain (unmerged) LoRA layers, and
-    with ``lora_dropout=0`` (else v_old is stochastic in train mode); ``modules_to_save`` wrappers are not switched.
+    peft/diffusers ``model.set_adapter(name)`` walks every module of the model and, on each LoRA layer, sets
+    ``requires_grad`` on every adapter's weights before it rebinds the active adapter: a switch to ``ema`` and back
+    is two full walks. ``fast_switch`` writes the two attributes a LoRA layer's forward reads into the layers
+    collected once. Use under ``torch.no_grad()``, after all adapters are injected, with unmerged layers.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
         if not self.layers:
             raise ValueError("model has no peft LoRA layers; add adapters before building an AdapterSwitch")
-        if any(layer.merged for layer in self.layers):
-            raise ValueError("AdapterSwitch needs unmerged LoRA layers; call model.unmerge_adapter() first")
-        self._states = [vars(layer) for layer in self.layers]
 
     @contextmanager
     def use(self, adapter: str | None) -> Iterator[None]:
         """Run the block with only ``adapter`` active (None: all adapters off, the base model)."""
-        saved = [(layer._active_adapter, layer._disable_adapters) for layer in self.layers]
-        active = [adapter]
+        fast_switch(self.layers, adapter)
         try:
-            for state in self._states:
-                if adapter is not None:
-                    state["_active_adapter"] = active
-                state["_disable_adapters"] = adapter is None
             yield
         finally:
-            for state, (name, disabled) in zip(self._states, saved):
-                state["_active_adapter"], state["_disable_adapters"] = name, disabled
+            fast_switch(self.layers, TRAINED)
 
 
 def build_model(layers: int, seed: int) -> SD3Transformer2DModel:

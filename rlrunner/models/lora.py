@@ -119,7 +119,8 @@ class LoraAdapters:
     @torch.no_grad()
     def load_state_dict(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
         """Copy ``state`` (as returned by :meth:`state_dict`) into ``adapter``; keys and shapes must match."""
-        params = {n.replace(f".{adapter}.", "."): p for n, p in self.denoiser.named_parameters() if f".{adapter}." in n}
+        params = {n.replace(f".{adapter}.", "."): p for n, p in self.denoiser.named_parameters()
+                  if f".{adapter}." in n}
         missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         if missing or unexpected:
             raise ValueError(f"LoRA state does not match the {adapter!r} adapter: missing {missing[:3]}"
@@ -143,8 +144,8 @@ class LoraAdapters:
         """Write ``adapter`` so that the pipeline's ``load_lora_weights(directory)`` loads it.
 
         ``loader_class_name`` is the pipeline's LoRA loader mixin in ``diffusers.loaders`` (importing it, not
-        the pipeline, spares the pipeline's other imports); ``component`` is the pipeline's name of the denoiser (``transformer``, or ``unet`` whose files use
-        diffusers' older key names). The LoRA config goes into the safetensors metadata, so the loader applies
+        the pipeline, spares the pipeline's other imports); ``component`` is the pipeline's name of the denoiser
+        (``transformer``, or ``unet`` whose files use diffusers' older key names). The LoRA config goes into the safetensors metadata, so the loader applies
         the same ``alpha / rank`` scale as training did. ``state``: the adapter's :meth:`state_dict` when the
         caller already has it (default: read it now).
         """
