@@ -1,6 +1,6 @@
 """The training loop (single controller): the driver calls worker groups; workers never call each other.
 
-One step: rollout (EMA policy) → reward (overlapped with the next rollout round) → advantages → NFT update →
+One step: rollout (EMA policy) → reward (overlapped with the next rollout round) → advantages → update →
 EMA → weight sync (LoRA tensors only) → log → eval → checkpoint.
 """
 
@@ -62,7 +62,8 @@ class Runner:
         self.max_steps = run.max_steps if run.max_steps > 0 else run.max_epochs * steps_per_epoch
         optimizer_steps = self.max_steps * samples_per_step // cfg.actor.global_batch_size
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
-        self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed)
+        self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
+                                     algorithm_cfg=alg)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))

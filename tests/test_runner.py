@@ -137,15 +137,15 @@ def test_ray_run_matches_in_process_run_and_reports_a_dead_worker(tmp_path, loca
 
 
 def test_nonfinite_losses_skip_the_step_and_abort_after_a_streak(tmp_path, monkeypatch):
-    import rlrunner.workers.actor as actor_module
+    import rlrunner.objectives.nft as nft_objective_module
 
-    real_loss = actor_module.nft_loss
+    real_loss = nft_objective_module.nft_loss
 
     def nan_loss(*args, **kwargs):
         loss, metrics = real_loss(*args, **kwargs)
         return loss * float("nan"), {**metrics, "nft_loss": float("nan")}
 
-    monkeypatch.setattr(actor_module, "nft_loss", nan_loss)
+    monkeypatch.setattr(nft_objective_module, "nft_loss", nan_loss)
     cfg = small_recipe(tmp_path, "runner.max_steps=5", "runner.max_nonfinite_steps=2", "runner.val_before_train=false",
                        "runner.val_check_interval=0", "runner.save_interval=0")
     log_dir = tmp_path / "run"

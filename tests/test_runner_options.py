@@ -10,7 +10,7 @@ import pytest
 import torch
 from runner_helpers import small_recipe, train_metrics
 
-import rlrunner.workers.actor as actor_module
+import rlrunner.objectives.nft as nft_objective_module
 from rlrunner.runner import run
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.rollout import RolloutWorker
@@ -50,13 +50,13 @@ def test_weight_sync_interval_keeps_the_rollout_on_the_last_synced_adapters(refe
 
 def test_several_timesteps_per_sample_draw_fresh_noise_levels(reference, tmp_path, monkeypatch):
     times = []
-    original = actor_module.nft_loss
+    original = nft_objective_module.nft_loss
 
     def recording(v_theta, v_old, x_t, x0, t, *args, **kwargs):
         times.append(t.clone())
         return original(v_theta, v_old, x_t, x0, t, *args, **kwargs)
 
-    monkeypatch.setattr(actor_module, "nft_loss", recording)
+    monkeypatch.setattr(nft_objective_module, "nft_loss", recording)
     metrics = _run(tmp_path, "draws2", "runner.max_steps=1", "algorithm.nft_timesteps_per_sample=2")
     assert len(times) == 8  # 8 samples / micro-batches of 2 = 4 micro-batches, 2 draws each
     for first, second in zip(times[0::2], times[1::2]):
@@ -67,13 +67,13 @@ def test_several_timesteps_per_sample_draw_fresh_noise_levels(reference, tmp_pat
 
 def test_kl_anchor_uses_the_model_with_adapters_off(reference, tmp_path, monkeypatch):
     pairs = []
-    original = actor_module.nft_loss
+    original = nft_objective_module.nft_loss
 
     def recording(v_theta, *args, **kwargs):
         pairs.append((v_theta.detach().clone(), kwargs["v_base"], kwargs["kl_coef"]))
         return original(v_theta, *args, **kwargs)
 
-    monkeypatch.setattr(actor_module, "nft_loss", recording)
+    monkeypatch.setattr(nft_objective_module, "nft_loss", recording)
     metrics = _run(tmp_path, "kl", "runner.max_steps=2", "algorithm.ref_kl_coef=0.5")
     assert all(coef == 0.5 and v_base is not None for _, v_base, coef in pairs)
     # before the first optimizer step the LoRA up-projections are 0: the adapted velocity IS the base velocity

@@ -76,6 +76,8 @@ class RunnerConfig:
 
 @dataclass
 class AlgorithmConfig:
+    # the policy update: nft (DiffusionNFT) | flow_grpo | awm (rlrunner/objectives/)
+    name: str = "nft"
     group_size: int = 8
     adv_type: str = "grpo"  # grpo | grpo_video
     # grpo: std normalisation "group" | "global" | "none"; grpo_video: "video" | "frame"

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlrunner.algorithms.samplers import sample_flow, sigma_schedule
+from rlrunner.algorithms.samplers import VelocityFn, sample_flow, sigma_schedule
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters
 
 Cond = dict[str, torch.Tensor]
@@ -217,15 +217,30 @@ class FlowModel(abc.ABC):
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Integrate the flow ODE from ``noise`` (t = 1) to a clean latent (t = 0).
 
-        cond: ``[B, ...]`` tensors; noise: ``[B, *latent_shape]`` (float32 keeps the update math in fp32).
+        cond: ``[B, ...]`` tensors; noise: ``[B, *latent_shape]`` (float32 keeps the update math in fp32); guidance
+        as in :meth:`guided_velocity_fn`. Returns x0 ``[B, *latent_shape]`` (and the N + 1 states if
+        ``return_trajectory``).
+        """
+        velocity_fn = self.guided_velocity_fn(cond, guidance_scale, negative_cond)
+        with self.use_adapter(adapter):
+            return sample_flow(velocity_fn, noise, self.sigmas(num_steps, noise.device), sampler=sampler,
+                               return_trajectory=return_trajectory)
+
+    def sigmas(self, num_steps: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """The sampling grid ``[num_steps + 1]`` from 1 to 0, shifted by the family's ``shift``."""
+        return sigma_schedule(num_steps, shift=float(self.cfg.shift), device=device)
+
+    def guided_velocity_fn(self, cond: Cond, guidance_scale: float = 1.0,
+                           negative_cond: Cond | None = None) -> VelocityFn:
+        """``(x [B, ...], t [B]) -> v`` with whatever adapter is active, for the samplers.
+
         Classifier-free guidance (``guidance_scale > 1``) runs the ``negative_cond`` and conditional halves in one
         batched call: ``v = v_neg + g (v_cond - v_neg)``; ``negative_cond`` defaults to ``cfg.negative_prompt``
-        and may have batch 1. Returns x0 ``[B, *latent_shape]`` (and the N + 1 states if ``return_trajectory``).
+        and may have batch 1.
         """
-        sigmas = sigma_schedule(num_steps, shift=float(self.cfg.shift), device=noise.device)
         use_cfg = guidance_scale > 1.0
         if use_cfg:
-            batch = noise.shape[0]
+            batch = next(iter(cond.values())).shape[0]
             negative_cond = negative_cond if negative_cond is not None else self.negative_cond(1)
             if next(iter(negative_cond.values())).shape[0] == 1 and batch > 1:
                 negative_cond = self.repeat_cond(negative_cond, batch)
@@ -237,8 +252,7 @@ class FlowModel(abc.ABC):
             v_neg, v_cond = self._predict_velocity(torch.cat([x, x]).to(self.dtype), torch.cat([t, t]), cond).chunk(2)
             return v_neg + guidance_scale * (v_cond - v_neg)
 
-        with self.use_adapter(adapter):
-            return sample_flow(velocity_fn, noise, sigmas, sampler=sampler, return_trajectory=return_trajectory)
+        return velocity_fn
 
     # ------------------------------------------------------------------ text encoders / VAE placement
     @contextlib.contextmanager

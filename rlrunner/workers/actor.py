@@ -1,4 +1,5 @@
-"""Actor worker: the DiffusionNFT update of the ``default`` LoRA adapter and the EMA of the ``ema`` adapter."""
+"""Actor worker: the update of the ``default`` LoRA adapter (the loss of ``algorithm.name``) and the EMA of the
+``ema`` adapter."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from typing import Any
 import torch
 
 from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
-from rlrunner.algorithms.nft import nft_loss
-from rlrunner.algorithms.samplers import sample_xt
 from rlrunner.batch import Batch
 from rlrunner.cluster.parallelize import local_shards, parallelize
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
+from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
 
@@ -40,6 +40,7 @@ class ActorWorker:
         self.cfg, self.alg = actor_cfg, algorithm_cfg
         self.rank, self.world_size = rank, world_size
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
+        self.objective = build_objective(algorithm_cfg, self.family_cfg)
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
         self.model = build_model(actor_cfg.model)
         # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes
@@ -78,20 +79,20 @@ class ActorWorker:
     def _optimizer_step(self, batch: Batch, step: int) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = defaultdict(float)
-        draws = int(self.alg.nft_timesteps_per_sample)  # noise levels per sample, each with fresh noise
+        draws = self.objective.draws()
         passes = [(micro, draw) for micro in batch.split(self.cfg.micro_batch_size) for draw in range(draws)]
         for index, (micro, draw) in enumerate(passes):
             # this rank's loss is the mean over its samples; the engine averages the ranks' gradients (equal
             # sample counts), reducing them once per optimizer step, after its last backward
             share = len(micro) / len(batch) / draws
             with self.engine.accumulate(sync=index == len(passes) - 1):
-                loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw))
+                loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw), draw)
                 (loss * share).backward()
             for name, value in micro_metrics.items():
                 metrics[name] += value * share
         grad_norm = self.engine.clip_grad_norm(self.params, self.cfg.optim.clip_grad)
         # a NaN loss on any rank makes the reduced gradients, hence grad_norm, NaN on all: every rank skips
-        finite = math.isfinite(grad_norm) and math.isfinite(metrics["nft_loss"])
+        finite = math.isfinite(grad_norm) and math.isfinite(metrics[self.objective.loss_key])
         if finite:
             self.optimizer.step()
             self.lr_scheduler.step()
@@ -105,25 +106,11 @@ class ActorWorker:
         return [torch.Generator().manual_seed(derive_seed(self.cfg.seed, "actor-noise", step, index, draw))
                 for index in micro.tensors["sample_index"].tolist()]
 
-    def _micro_loss(self, micro: Batch, generator: list[torch.Generator]) -> tuple[torch.Tensor, dict[str, float]]:
-        """NFT loss on one micro-batch with fresh noise: x_t from the rollout's x0 (``nft_xcur_source: resample``)."""
-        device = self.model.device
-        x0 = micro.tensors["x0"]
-        x_t, t, _ = sample_xt(x0, int(self.family_cfg.num_steps), generator=generator)
-        # float32 latents: the model casts its input to its own dtype and returns velocities in the input's
-        # dtype, so the NFT loss runs in float32 even for a bf16 transformer
-        x0, x_t, t = x0.to(device), x_t.to(device), t.to(device)
-        cond = _cond(micro, device)
-        with torch.no_grad():
-            v_old = self.model.velocity(x_t, t, cond, adapter=EMA_ADAPTER)
-            v_base = self.model.velocity(x_t, t, cond, adapter=None) if self.alg.ref_kl_coef > 0 else None
-        v_theta = self.engine.velocity(x_t, t, cond)  # the TRAINED_ADAPTER, through DDP / FSDP2
-        return nft_loss(
-            v_theta, v_old, x_t, x0, t, micro.tensors["advantages"].to(device), beta=self.alg.nft_beta,
-            adv_clip_max=self.alg.adv_clip_max, weight_mode=self.alg.nft_weight_mode,
-            target_space=self.alg.nft_target_space, clip_ratio=self.alg.nft_clip_ratio, v_base=v_base,
-            kl_coef=self.alg.ref_kl_coef,
-        )
+    def _micro_loss(self, micro: Batch, generators: list[torch.Generator],
+                    draw: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective's loss on one micro-batch pass (with gradient) and its metrics."""
+        inputs = MicroBatch(dict(micro.tensors), _cond(micro, self.model.device), generators, draw)
+        return self.objective.loss(self.model, self.engine, inputs)
 
     # ------------------------------------------------------------------ EMA and sync
     def tau(self, step: int) -> float:

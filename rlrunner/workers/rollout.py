@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from rlrunner.batch import Batch
-from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
+from rlrunner.models import TRAINED_ADAPTER, build_model
+from rlrunner.objectives import build_objective
 from rlrunner.utils.seeding import derive_seed
 
 
@@ -31,16 +32,26 @@ class RolloutOutput(NamedTuple):
 
 
 class RolloutWorker:
-    """Samples final clean latents ``x0`` with the ODE sampler and decodes them for the reward.
+    """Samples final clean latents ``x0`` as ``algorithm.name`` asks (:meth:`Objective.rollout`) and decodes them
+    for the reward; evaluation samples the trained adapter with the eval sampler.
 
     Decoding happens here rather than in the env worker so that one copy of the VAE serves a device; the env
     worker receives uint8 pixels, which it needs anyway for OCR.
     """
 
-    def __init__(self, model_cfg: Any, seed: int, *, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, model_cfg: Any, seed: int, *, algorithm_cfg: Any = None, rank: int = 0,
+                 world_size: int = 1) -> None:
+        """``algorithm_cfg``: the recipe's ``algorithm`` section (None: the schema's defaults, NFT)."""
         torch.manual_seed(derive_seed(seed, "rollout-init", rank, 0))
         self.model = build_model(model_cfg)
         self.family_cfg = model_cfg[model_cfg.model_type]
+        if algorithm_cfg is None:
+            from omegaconf import OmegaConf
+
+            from rlrunner.config.schema import AlgorithmConfig
+
+            algorithm_cfg = OmegaConf.structured(AlgorithmConfig)
+        self.objective = build_objective(algorithm_cfg, self.family_cfg)
         self.seed, self.rank = seed, rank
 
     @torch.no_grad()
@@ -54,20 +65,24 @@ class RolloutWorker:
         """
         train = mode == "train"
         cfg = self.family_cfg
-        guidance = cfg.guidance_scale if train else cfg.eval_guidance_scale
         cond = self.model.encode_prompts(prompts)  # text encoders run once per prompt
         n = len(prompts) * group_size
         generator = torch.Generator().manual_seed(derive_seed(self.seed, f"rollout-{mode}", self.rank, step, round_index))
         noise = torch.randn((n, *self.model.latent_shape), generator=generator).to(self.model.device)
-        x0 = self.model.sample(
-            self.model.repeat_cond(cond, group_size), noise, sampler=cfg.train_sampler if train else cfg.eval_sampler,
-            num_steps=cfg.num_steps if train else cfg.eval_num_steps, guidance_scale=guidance,
-            adapter=EMA_ADAPTER if train else TRAINED_ADAPTER,
-        )
+        cond_per_sample = self.model.repeat_cond(cond, group_size)
+        kept: dict[str, torch.Tensor] = {}
+        if train:
+            generator_on_device = torch.Generator(self.model.device).manual_seed(
+                derive_seed(self.seed, "rollout-sde", self.rank, step, round_index))
+            x0, kept = self.objective.rollout(self.model, cond_per_sample, noise, generator_on_device)
+        else:
+            x0 = self.model.sample(cond_per_sample, noise, sampler=cfg.eval_sampler, num_steps=cfg.eval_num_steps,
+                                   guidance_scale=cfg.eval_guidance_scale, adapter=TRAINED_ADAPTER)
         images = torch.from_numpy(np.ascontiguousarray(self.model.decode(x0)))
         prompt_index = torch.arange(len(prompts)).repeat_interleave(group_size)
         return RolloutOutput(
-            train=Batch({"x0": x0.float().cpu()}, {}, {f"cond.{k}": v.cpu() for k, v in cond.items()}, prompt_index),
+            train=Batch({"x0": x0.float().cpu(), **{k: v.cpu() for k, v in kept.items()}}, {},
+                        {f"cond.{k}": v.cpu() for k, v in cond.items()}, prompt_index),
             scored=Batch({"images": images}, {"prompts": [p for p in prompts for _ in range(group_size)]}),
         )
 

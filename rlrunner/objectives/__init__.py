@@ -1,0 +1,30 @@
+"""Algorithms as the workers see them (``algorithm.name``): how the training rollout integrates and what it keeps
+per sample (:meth:`Objective.rollout`), and the actor's loss on a micro-batch of it (:meth:`Objective.loss`).
+
+Each algorithm is one file here, a thin layer over its pure math in ``rlrunner/algorithms/``; rollout, rewards,
+advantages, EMA, weight sync, checkpoints and logging are shared. To add one: subclass :class:`Objective` in
+``objectives/<name>.py`` and list it in ``OBJECTIVES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rlrunner.objectives.base import MicroBatch, Objective
+
+OBJECTIVES: dict[str, str] = {
+    "nft": "rlrunner.objectives.nft:NFTObjective",
+}
+
+
+def build_objective(algorithm_cfg: Any, family_cfg: Any) -> Objective:
+    """The :class:`Objective` of ``algorithm_cfg.name``."""
+    name = algorithm_cfg.name
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown algorithm.name {name!r}; valid: {sorted(OBJECTIVES)}")
+    module_name, class_name = OBJECTIVES[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)(algorithm_cfg, family_cfg)
+
+
+__all__ = ["OBJECTIVES", "MicroBatch", "Objective", "build_objective"]

@@ -1,0 +1,81 @@
+"""The interface between an algorithm and the workers (see the package docstring)."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from rlrunner.cluster.parallelize import Engine
+from rlrunner.models import FlowModel
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch of one loss pass.
+
+    ``tensors``, in host memory (move what you use to ``model.device``): every per-sample tensor of the rollout's
+    training part, ``[B, ...]``: ``x0`` (float32 clean latents), what :meth:`Objective.rollout` kept,
+    ``advantages`` (``[B]``, or ``[B, F]`` per latent frame) and ``sample_index`` (positions in the step's shuffled
+    batch). ``cond``: the text conditioning ``[B, ...]``, on the device.
+    ``generators``: one per sample, seeded by (step, sample position, ``draw``), never by rank: draw any training
+    noise from them so that results do not depend on the number of actor ranks. ``draw``: which of the
+    :meth:`Objective.draws` passes over these samples this is.
+    """
+
+    tensors: dict[str, Tensor]
+    cond: dict[str, Tensor]
+    generators: list[torch.Generator]
+    draw: int
+
+    @property
+    def x0(self) -> Tensor:
+        return self.tensors["x0"]
+
+    @property
+    def advantages(self) -> Tensor:
+        return self.tensors["advantages"]
+
+
+class Objective(abc.ABC):
+    """What one ``algorithm.name`` asks of the rollout and the actor; the math itself is in ``rlrunner.algorithms``."""
+
+    #: the metric (of :meth:`loss`) whose non-finite value makes every rank skip the optimizer step
+    loss_key: ClassVar[str]
+    #: the adapter the training rollout samples with (``ema`` for NFT's old policy, ``default`` on-policy)
+    sampling_adapter: ClassVar[str]
+
+    def __init__(self, algorithm_cfg: Any, family_cfg: Any) -> None:
+        self.alg, self.family = algorithm_cfg, family_cfg
+
+    def rollout(self, model: FlowModel, cond: dict[str, Tensor], noise: Tensor,
+                generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """The training rollout from ``noise`` ``[N, ...]`` (σ = 1) with conditioning ``cond`` ``[N, ...]``.
+
+        ``generator`` (on noise's device) seeds any noise the integration draws. Returns x0 ``[N, ...]`` and the
+        per-sample tensors ``[N, ...]`` that :meth:`loss` reads besides x0. This default: the recipe's ODE sampler
+        with :attr:`sampling_adapter`, nothing more.
+        """
+        return self.sample(model, cond, noise), {}
+
+    def sample(self, model: FlowModel, cond: dict[str, Tensor], noise: Tensor, **kwargs: Any) -> Tensor:
+        """:meth:`FlowModel.sample` with the recipe's training sampler, steps, guidance and :attr:`sampling_adapter`."""
+        family = self.family
+        return model.sample(cond, noise, sampler=family.train_sampler, num_steps=family.num_steps,
+                            guidance_scale=family.guidance_scale, adapter=self.sampling_adapter, **kwargs)
+
+    def draws(self) -> int:
+        """Loss passes over each sample per optimizer step (each with its own :class:`MicroBatch` ``draw``)."""
+        return 1
+
+    @abc.abstractmethod
+    def loss(self, model: FlowModel, engine: Engine, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
+        """The loss of one micro-batch pass (a scalar with gradient, mean over its samples) and its metrics.
+
+        ``engine.velocity(x, t, cond)`` gives ``v_θ`` with gradients (trained adapter, through DDP/FSDP2);
+        ``model.velocity(..., adapter=...)`` under ``torch.no_grad()`` gives the other adapters' velocities.
+        """
