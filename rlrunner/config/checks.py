@@ -287,6 +287,13 @@ KEY_CHECKS: dict[str, Check] = {
     "algorithm.nft_timesteps_per_sample": POSITIVE_INT,
     "algorithm.ref_kl_coef": Range(low=0, meaning="0 = no KL anchor"),
     "algorithm.reward_signal": Choice(_fixed("reward", "none", "shuffle")),  # Runner.advantages
+    "algorithm.awm_weighting": Choice(_registry("rlrunner.algorithms.awm", "WEIGHTINGS")),
+    "algorithm.awm_ghuber_power": Range(low=0, low_open=True),
+    "algorithm.awm_timesteps": Choice(_registry("rlrunner.objectives.awm", "TIMESTEPS")),
+    "algorithm.awm_timestep_fraction": Range(low=0, high=1, low_open=True,
+                                             meaning="the share of the sampler's steps trained on"),
+    "algorithm.awm_timesteps_per_sample": POSITIVE_INT,
+    "algorithm.awm_ema_kl_coef": Range(low=0, meaning="0 = no EMA anchor"),
     **{f"env.<split>.{key}": check for key, check in _SPLIT.items()},
     "actor.micro_batch_size": POSITIVE_INT,
     "actor.global_batch_size": POSITIVE_INT,

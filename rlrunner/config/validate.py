@@ -38,6 +38,19 @@ def _check_algorithm(cfg: DictConfig) -> None:
         _fail("set runner.max_steps or runner.max_epochs to a positive number")
 
 
+def _check_awm(cfg: DictConfig) -> None:
+    """AWM's sampler band (rlrunner.algorithms.awm.awm_band_index) holds at least one noise level below 1."""
+    alg = cfg.algorithm
+    if alg.name != "awm" or alg.awm_timesteps != "sampler":
+        return
+    family_key = f"actor.model.{cfg.actor.model.model_type}"
+    steps = cfg.actor.model[cfg.actor.model.model_type].num_steps
+    if steps < 2 or int(steps * alg.awm_timestep_fraction) < 1:
+        _fail(f"algorithm.awm_timesteps=sampler trains on the sampler's sigmas 1 <= k < int({family_key}.num_steps x "
+              f"algorithm.awm_timestep_fraction) = int({steps} x {alg.awm_timestep_fraction}); use num_steps >= 2 "
+              f"and a fraction >= 1/num_steps, or algorithm.awm_timesteps=uniform")
+
+
 def _is_local_path(value: str) -> bool:
     return value.startswith((".", "/", "~")) or Path(value).expanduser().exists() or value.count("/") != 1
 
@@ -149,6 +162,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     for problem in problems(cfg, ctx):
         _fail(problem)
     _check_algorithm(cfg)
+    _check_awm(cfg)
     _check_model(cfg, base_dir)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)
