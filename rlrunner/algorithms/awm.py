@@ -34,6 +34,9 @@ Flow-Factory's ``trainers/awm.py``:
 - ``v_ref`` (adapters off, official ``beta``, 0.001-0.003) and ``v_ema`` (official ``ema_beta`` = 1, an EMA of
   the trained weights with decay ``min(0.3, 0.001·step)``) enter as plain velocity-space squared distances (their
   ``kl_weight: Uniform``); the official ``ELBO`` KL weighting needs the SDE's std and is not offered.
+- Unlike NFT's loss, ``mean(Â·w)`` has no term that pulls v_θ back to the sampling policy: negative samples are
+  pushed away without bound. Flow-Factory warns that AWM collapses without an anchor or clipping; the anchors and
+  a small learning rate (official 3e-4) are what holds it.
 - The official code computes ℓ in float64; we use float32 (velocities in lower precision are upcast).
 
 The training noise levels (``awm_band_index``) follow the official ``time_type: discrete_wo_init``: the rollout

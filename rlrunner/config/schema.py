@@ -99,8 +99,8 @@ class AlgorithmConfig:
     ref_kl_coef: float = 0.0
     # control runs: "reward" (normal) | "none" (r fixed at 0.5) | "shuffle" (rewards permuted)
     reward_signal: str = "reward"
-    # AWM (name: awm, rlrunner/algorithms/awm.py); defaults are the official recipes'. Time weighting w(l, t) of
-    # each sample's flow-matching error l: none | t | t2 | huber | ghuber
+    # AWM (name: awm, rlrunner/algorithms/awm.py); defaults as the official recipes but the EMA anchor. Time
+    # weighting w(l, t) of each sample's flow-matching error l: none | t | t2 | huber | ghuber
     awm_weighting: str = "ghuber"
     awm_ghuber_power: float = 0.25  # p of the ghuber weighting t·((l + δ)^p - δ^p)/p
     # training noise levels: sampler (the rollout sampler's sigmas σ_k, 1 <= k < num_steps·awm_timestep_fraction,
@@ -108,7 +108,8 @@ class AlgorithmConfig:
     awm_timesteps: str = "sampler"
     awm_timestep_fraction: float = 0.9  # share of the sampler's steps, from the noisy end, used by awm_timesteps=sampler
     awm_timesteps_per_sample: int = 6  # loss passes per rollout sample per optimizer step, each at its own t and ε
-    # anchor to the EMA adapter: + coef·mean((v_θ - v_ema)²); official 1.0 with nft_tau [1.0, 0.7, 0, 300]; 0 = off
+    # anchor to the EMA adapter: + coef·mean((v_θ - v_ema)²), 0 = off; the official recipes use 1.0 with an EMA of
+    # decay min(0.3, 0.001·step), i.e. nft_tau [1.0, 0.7, 0, 300]
     awm_ema_kl_coef: float = 0.0
 
 

@@ -1,6 +1,6 @@
 """Advantage Weighted Matching (``algorithm.name: awm``): on-policy rollouts from the trained adapter with the
-recipe's ODE sampler (AWM is solver-agnostic; the official code samples with SA-Solver), the loss of
-:func:`rlrunner.algorithms.awm.awm_loss` on forward-noised rollout latents.
+recipe's ODE sampler (AWM is solver-agnostic: the official code samples with the stochastic SA-Solver, Flow-Factory
+with ODE dynamics), the loss of :func:`rlrunner.algorithms.awm.awm_loss` on forward-noised rollout latents.
 
 Each optimizer step makes ``awm_timesteps_per_sample`` loss passes over every sample (:meth:`AWMObjective.draws`),
 each at its own noise level with fresh noise from the sample's generator (seeded by sample position and pass,
