@@ -14,11 +14,12 @@ from tqdm import tqdm
 from rlrunner.checkpoint import complete_checkpoints
 
 
-def report_step(progress: tqdm, step: int, max_steps: int, metrics: dict[str, float]) -> None:
+def report_step(progress: tqdm, step: int, max_steps: int, metrics: dict[str, float], loss_key: str) -> None:
     """Advance the progress bar; where no bar is drawn (the console is a log file: the launcher tees it, and
-    carriage-return redraws would pile up there) print the step as a plain line instead."""
+    carriage-return redraws would pile up there) print the step as a plain line instead. ``loss_key``: the
+    algorithm's loss metric (``Objective.loss_key``)."""
     progress.update(1)
-    reward, loss, seconds = metrics["env/avg"], metrics["train/actor/nft_loss"], metrics["time/step"]
+    reward, loss, seconds = metrics["env/avg"], metrics[f"train/actor/{loss_key}"], metrics["time/step"]
     progress.set_postfix(reward=f"{reward:.3f}", loss=f"{loss:.4f}", step_s=f"{seconds:.1f}")
     if progress.disable:
         tqdm.write(f"[step {step}/{max_steps}] reward {reward:.3f}, loss {loss:.4f}, {seconds:.1f} s/step",

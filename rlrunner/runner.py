@@ -32,6 +32,7 @@ from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
+from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.shares import env_shares, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
@@ -94,7 +95,7 @@ class Runner:
                                         dynamic_ncols=True, file=sys.stderr, disable=not sys.stderr.isatty())
         while self.step < self.max_steps:
             metrics = self.train_step()
-            report_step(progress, self.step, self.max_steps, metrics)
+            report_step(progress, self.step, self.max_steps, metrics, objective_class(self.cfg.algorithm.name).loss_key)
             last = self.step == self.max_steps
             if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
                 self.evaluate()

@@ -99,6 +99,17 @@ class AlgorithmConfig:
     ref_kl_coef: float = 0.0
     # control runs: "reward" (normal) | "none" (r fixed at 0.5) | "shuffle" (rewards permuted)
     reward_signal: str = "reward"
+    # flow_grpo (rlrunner/algorithms/flow_grpo.py; defaults of the official SD3 trainer): the SDE's noise level a
+    flow_grpo_noise_level: float = 0.7
+    # PPO clip range of the probability ratio
+    flow_grpo_clip_range: float = 1e-4
+    # share of a sample's SDE steps trained (drawn per sample); each trained step is one forward and backward
+    flow_grpo_timestep_fraction: float = 1.0
+    # Flow-GRPO-Fast: SDE (and training) on this many consecutive steps placed at random per sample, ODE elsewhere;
+    # 0 = every step is an SDE step (plain Flow-GRPO)
+    flow_grpo_sde_window_size: int = 0
+    # [first, end) steps the window lies in; null = the first half, [0, num_steps // 2], as the official configs
+    flow_grpo_sde_window_range: Any = None
 
 
 # ------------------------------------------------------------------------------------------------- env

@@ -15,16 +15,21 @@ from rlrunner.objectives.base import MicroBatch, Objective
 
 OBJECTIVES: dict[str, str] = {
     "nft": "rlrunner.objectives.nft:NFTObjective",
+    "flow_grpo": "rlrunner.objectives.flow_grpo:FlowGRPOObjective",
 }
+
+
+def objective_class(name: str) -> type[Objective]:
+    """The :class:`Objective` subclass registered as ``algorithm.name`` ``name``."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown algorithm.name {name!r}; valid: {sorted(OBJECTIVES)}")
+    module_name, class_name = OBJECTIVES[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def build_objective(algorithm_cfg: Any, family_cfg: Any) -> Objective:
     """The :class:`Objective` of ``algorithm_cfg.name``."""
-    name = algorithm_cfg.name
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown algorithm.name {name!r}; valid: {sorted(OBJECTIVES)}")
-    module_name, class_name = OBJECTIVES[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)(algorithm_cfg, family_cfg)
+    return objective_class(algorithm_cfg.name)(algorithm_cfg, family_cfg)
 
 
-__all__ = ["OBJECTIVES", "MicroBatch", "Objective", "build_objective"]
+__all__ = ["OBJECTIVES", "MicroBatch", "Objective", "build_objective", "objective_class"]
