@@ -40,8 +40,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "nft_cached": ("NFT on the rollout's states with cached v_old (`nft_xcur_source: rollout`)",
                    ["algorithm.nft_xcur_source=rollout"]),
     "awm": ("AWM", ["algorithm.name=awm"]),
-    "flow_grpo": ("FlowGRPO", ["algorithm.name=flow_grpo"]),
-    "flow_grpo_fast": ("FlowGRPO-Fast", ["algorithm.name=flow_grpo"]),
+    # 4 optimizer steps per rollout (the official trainer takes several), so that the ratio clip acts
+    "flow_grpo": ("FlowGRPO", ["algorithm.name=flow_grpo", "actor.global_batch_size=16"]),
+    "flow_grpo_fast": ("FlowGRPO-Fast (SDE window of 2 steps in the first half)",
+                       ["algorithm.name=flow_grpo", "actor.global_batch_size=16", "algorithm.flow_grpo_sde_window_size=2"]),
     "shuffle": ("control: NFT with shuffled rewards", ["algorithm.reward_signal=shuffle"]),
 }
 
