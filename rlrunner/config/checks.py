@@ -283,8 +283,9 @@ KEY_CHECKS: dict[str, Check] = {
     "algorithm.nft_clip_ratio": Range(low=0, low_open=True, optional=True, meaning="null = no clipping"),
     "algorithm.nft_tau": Rule(is_tau, TAU_ALLOWED),
     "algorithm.nft_decay_type": Choice(_registry("rlrunner.algorithms.ema", "DECAY_SCHEDULES", first=("",))),
-    "algorithm.nft_xcur_source": Choice(_fixed("resample")),  # the actor re-noises the rollout's x0
-    "algorithm.nft_timesteps_per_sample": POSITIVE_INT,
+    "algorithm.nft_xcur_source": Choice(_registry("rlrunner.objectives.nft", "XCUR_SOURCES")),
+    "algorithm.nft_train_timesteps": Choice(_registry("rlrunner.algorithms.samplers", "TRAIN_TIMESTEPS")),
+    "algorithm.nft_timesteps_per_sample": POSITIVE_INT,  # and <= num_steps with nft_xcur_source rollout (validate)
     "algorithm.ref_kl_coef": Range(low=0, meaning="0 = no KL anchor"),
     "algorithm.reward_signal": Choice(_fixed("reward", "none", "shuffle")),  # Runner.advantages
     "algorithm.flow_grpo_noise_level": Range(low=0, low_open=True, meaning="the SDE's noise level a"),

@@ -89,11 +89,18 @@ class AlgorithmConfig:
     nft_clip_ratio: float | None = None
     # EMA "old" policy: scalar tau or [start, end, s0, s1] (RLinf); ema <- (1 - tau) ema + tau theta
     nft_tau: Any = field(default_factory=lambda: [1.0, 0.01, 30, 70])
-    # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999
+    # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999, evaluated (as the
+    # official trainer does) at the optimizer steps taken so far, not the global step (see algorithms/ema.py)
     nft_decay_type: str = ""
-    nft_xcur_source: str = "resample"  # accepted for compatibility with RLinf recipes; resample is the only value
-    # noise levels t drawn per rollout sample in each update (flow_grpo/official code train on several timesteps
-    # of each trajectory); more draws = more signal per rollout at the cost of update time
+    # training states (x_t, t): resample = fresh noise on the rollout's x0 at t from nft_train_timesteps (RLinf's
+    # diffusion recipes, NVlabs); rollout = the rollout's own states x_i at its sigmas (RLinf's embodied default),
+    # reusing the rollout's v_old when exact (no CFG, sampled by the actor's current EMA adapter): one forward less
+    nft_xcur_source: str = "resample"
+    # nft_xcur_source resample: uniform = linspace(1, 0, N+1)[:N] (RLinf) | sampler = the sampler's shifted sigmas
+    # (NVlabs' trainer), N = num_steps; they coincide at shift 1
+    nft_train_timesteps: str = "uniform"
+    # training states per rollout sample in each update (flow_grpo/official code train on several timesteps of each
+    # trajectory); more = more signal per rollout at the cost of update time; rollout: at most num_steps (distinct)
     nft_timesteps_per_sample: int = 1
     # KL anchor to the base model (adapters off); 0 disables it
     ref_kl_coef: float = 0.0

@@ -34,6 +34,11 @@ def _check_algorithm(cfg: DictConfig) -> None:
     if alg.advantage_mode not in valid:
         _fail(f"algorithm.advantage_mode={alg.advantage_mode!r} is not valid for algorithm.adv_type={alg.adv_type!r}; "
               f"choose one of {list(valid)}")
+    num_steps = cfg.actor.model[cfg.actor.model.model_type].num_steps
+    if alg.nft_xcur_source == "rollout" and alg.nft_timesteps_per_sample > num_steps:
+        _fail(f"algorithm.nft_timesteps_per_sample={alg.nft_timesteps_per_sample} exceeds the {num_steps} rollout "
+              f"states of a sample (actor.model.{cfg.actor.model.model_type}.num_steps) that "
+              f"algorithm.nft_xcur_source=rollout trains on; use at most {num_steps}")
     if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
         _fail("set runner.max_steps or runner.max_epochs to a positive number")
 
