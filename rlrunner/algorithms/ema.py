@@ -10,6 +10,11 @@ The official DiffusionNFT decay convention ``ema ← η·ema + (1 - η)·θ`` is
     copy                       η = 0
     linear_to_0_5              η = min(0.001·step, 0.5)
     delayed_linear_to_0_999    η = 0 for step < 75, then min(0.0075·(step - 75), 0.999)
+
+where ``step`` counts optimizer steps, as the official trainer's ``global_step`` does: it updates the old policy
+once per epoch (our global step), after that epoch's optimizer steps, with η at the optimizer steps taken so far.
+The actor passes its count of optimizer steps taken (skipped non-finite steps excluded; restored on resume), so a
+recipe with S optimizer steps per global step has η = decay_at(kind, S·k) after its k-th global step.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ def tau_at(spec: float | list | tuple, step: int) -> float:
 
 
 def decay_at(kind: str, step: int) -> float:
-    """Official DiffusionNFT EMA decay η at a step (module docstring); use ``tau = 1 - η`` with ``ema_update_``."""
+    """Official DiffusionNFT EMA decay η after ``step`` optimizer steps (module docstring); use ``tau = 1 - η`` with
+    ``ema_update_``."""
     if kind not in DECAY_SCHEDULES:
         raise ValueError(f"unknown EMA decay kind {kind!r}; valid: {sorted(DECAY_SCHEDULES)}")
     flat, rate, cap = DECAY_SCHEDULES[kind]

@@ -16,6 +16,11 @@ DPM-Solver++ 2M (data prediction; α = 1 - σ, λ = log(α/σ), h_i = λ_{i+1} -
     x_{i+1} = (σ_{i+1}/σ_i)·x_i + α_{i+1}·(1 - e^{-h_i})·D_i,  e^{-h_i} = (σ_{i+1}·α_i)/(σ_i·α_{i+1})
 
 (with σ_0 = 1, α_0 = 0 so λ_0 = -∞: the second step's correction vanishes, as in diffusers).
+
+Training noise levels (``algorithm.nft_train_timesteps``, :func:`training_grid`), N = the sampler's steps::
+
+    uniform   t ∈ linspace(1, 0, N + 1)[:N]            RLinf
+    sampler   t ∈ σ'[:N], the shifted schedule above     NVlabs' DiffusionNFT trainer (its scheduler's timesteps)
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import torch
 
 Tensor = torch.Tensor
 VelocityFn = Callable[[Tensor, Tensor], Tensor]
+# (x [B, ...], t [B], v [B, ...]) of each velocity evaluation, in integration order (one per step for every sampler
+# here: step i evaluates v at the state x_i of sigma_i)
+VelocityObserver = Callable[[Tensor, Tensor, Tensor], None]
 
 
 def sigma_schedule(
@@ -109,6 +117,7 @@ def sample_flow(
     sigmas: Tensor,
     sampler: str = "euler",
     return_trajectory: bool = False,
+    observer: VelocityObserver | None = None,
 ) -> Tensor | tuple[Tensor, list[Tensor]]:
     """Integrate the flow ODE from ``noise`` (σ = sigmas[0]) to σ = sigmas[-1] (normally 0).
 
@@ -119,6 +128,8 @@ def sample_flow(
         sigmas: ``[N + 1]`` non-increasing grid, e.g. ``sigma_schedule(N, shift)``.
         sampler: a name in ``SAMPLERS`` (``"euler"``, ``"dpm2"``).
         return_trajectory: also return the N + 1 states (first = noise).
+        observer: ``(x, t, v) -> None``, shown each velocity evaluation in step order: the state ``x`` ``[B, ...]``
+            (noise's dtype) at sigma ``t`` ``[B]`` (float32) and the ``v`` velocity_fn returned for it.
 
     Returns:
         x0 ``[B, ...]`` in ``noise``'s dtype, or ``(x0, trajectory)``. The update math runs in float32.
@@ -130,11 +141,24 @@ def sample_flow(
     grid = sigmas.detach().double().cpu().tolist()  # Python floats: no device sync inside the loop
     if any(b > a for a, b in itertools.pairwise(grid)) or grid[0] > 1 or grid[-1] < 0:
         raise ValueError(f"sigmas must be non-increasing within [0, 1], got {grid}")
+    if observer is not None:
+        velocity_fn = _observed(velocity_fn, observer)
     states = SAMPLERS[sampler](velocity_fn, noise.float(), grid, noise.dtype)
     x0 = states[-1].to(noise.dtype)
     if return_trajectory:
         return x0, [s.to(noise.dtype) for s in states]
     return x0
+
+
+def _observed(velocity_fn: VelocityFn, observer: VelocityObserver) -> VelocityFn:
+    """``velocity_fn`` that also shows each ``(x, t, v)`` to ``observer``."""
+
+    def observed(x: Tensor, t: Tensor) -> Tensor:
+        v = velocity_fn(x, t)
+        observer(x, t, v)
+        return v
+
+    return observed
 
 
 def training_timesteps(
@@ -146,17 +170,39 @@ def training_timesteps(
     return torch.linspace(1.0, 0.0, num_steps + 1, device=device, dtype=dtype)
 
 
+# algorithm.nft_train_timesteps -> (num_steps, shift) -> the N noise levels training draws t from, float32
+TRAIN_TIMESTEPS: dict[str, Callable[[int, float], Tensor]] = {
+    # RLinf: linspace(1, 0, N + 1)[:N], whatever the sampler's shift
+    "uniform": lambda num_steps, shift: training_timesteps(num_steps)[:num_steps],
+    # NVlabs' DiffusionNFT trainer: the sampler's own shifted sigmas (the scheduler's timesteps / 1000), the
+    # noise levels at which the rollout evaluated the policy
+    "sampler": lambda num_steps, shift: sigma_schedule(num_steps, shift)[:num_steps],
+}
+
+
+def training_grid(kind: str, num_steps: int, shift: float = 1.0) -> Tensor:
+    """The ``[num_steps]`` noise levels a training t is drawn from (``algorithm.nft_train_timesteps``).
+
+    ``uniform``: ``linspace(1, 0, N + 1)[:N]``; ``sampler``: ``sigma_schedule(N, shift)[:N]``, i.e.
+    ``σ' = shift·σ / (1 + (shift - 1)·σ)`` of the uniform grid. With ``shift = 1`` the two agree (up to one float32
+    rounding for some N: the shifted grid is computed in float64).
+    """
+    if kind not in TRAIN_TIMESTEPS:
+        raise ValueError(f"unknown algorithm.nft_train_timesteps {kind!r}; valid: {sorted(TRAIN_TIMESTEPS)}")
+    return TRAIN_TIMESTEPS[kind](num_steps, shift)
+
+
 def sample_xt(
-    x0: Tensor, num_steps: int, generator: torch.Generator | list[torch.Generator] | None = None
+    x0: Tensor, grid: int | Tensor, generator: torch.Generator | list[torch.Generator] | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Draw a training noise level per sample and noise the clean latents.
 
-    ``k ~ U{0..num_steps-1}``, ``t = linspace(1, 0, num_steps + 1)[k]``, fresh ``ε ~ N(0, I)``,
-    ``x_t = (1 - t)·x0 + t·ε``.
+    ``k ~ U{0..N-1}``, ``t = grid[k]``, fresh ``ε ~ N(0, I)``, ``x_t = (1 - t)·x0 + t·ε``.
 
     Args:
         x0: ``[B, ...]`` clean latents.
-        num_steps: the sampler's step count.
+        grid: the ``[N]`` noise levels to draw from (:func:`training_grid`), or the sampler's step count N for
+            RLinf's grid ``linspace(1, 0, N + 1)[:N]``.
         generator: optional ``torch.Generator`` on x0's device for replayable draws, or a list of ``B``
             generators, one per sample (sample i draws its k, then its ε, from ``generator[i]``), so that a
             sample's noise does not depend on which other samples share its batch.
@@ -164,14 +210,18 @@ def sample_xt(
     Returns:
         ``(x_t [B, ...] in x0's dtype, t [B] float32, noise [B, ...] in x0's dtype)``.
     """
-    grid = training_timesteps(num_steps, device=x0.device)
+    if isinstance(grid, int):
+        grid = training_grid("uniform", grid)
+    if grid.dim() != 1 or grid.numel() < 1:
+        raise ValueError(f"grid must be 1-D with at least one noise level, got shape {tuple(grid.shape)}")
+    grid, num_levels = grid.to(device=x0.device, dtype=torch.float32), grid.numel()
     if isinstance(generator, list):
         if len(generator) != x0.shape[0]:
             raise ValueError(f"{len(generator)} generators for a batch of {x0.shape[0]} samples")
-        draws = [_draw_k_eps(x0[:1], num_steps, g) for g in generator]
+        draws = [_draw_k_eps(x0[:1], num_levels, g) for g in generator]
         k, noise = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
     else:
-        k, noise = _draw_k_eps(x0, num_steps, generator)
+        k, noise = _draw_k_eps(x0, num_levels, generator)
     t = grid[k]
     t_b = t.reshape(-1, *([1] * (x0.dim() - 1)))
     x_t = (1 - t_b) * x0.float() + t_b * noise

@@ -283,10 +283,19 @@ KEY_CHECKS: dict[str, Check] = {
     "algorithm.nft_clip_ratio": Range(low=0, low_open=True, optional=True, meaning="null = no clipping"),
     "algorithm.nft_tau": Rule(is_tau, TAU_ALLOWED),
     "algorithm.nft_decay_type": Choice(_registry("rlrunner.algorithms.ema", "DECAY_SCHEDULES", first=("",))),
-    "algorithm.nft_xcur_source": Choice(_fixed("resample")),  # the actor re-noises the rollout's x0
-    "algorithm.nft_timesteps_per_sample": POSITIVE_INT,
+    "algorithm.nft_xcur_source": Choice(_registry("rlrunner.objectives.nft", "XCUR_SOURCES")),
+    "algorithm.nft_train_timesteps": Choice(_registry("rlrunner.algorithms.samplers", "TRAIN_TIMESTEPS")),
+    "algorithm.nft_timesteps_per_sample": POSITIVE_INT,  # and <= num_steps with nft_xcur_source rollout (validate)
     "algorithm.ref_kl_coef": Range(low=0, meaning="0 = no KL anchor"),
     "algorithm.reward_signal": Choice(_fixed("reward", "none", "shuffle")),  # Runner.advantages
+    "algorithm.flow_grpo_noise_level": Range(low=0, low_open=True, meaning="the SDE's noise level a"),
+    "algorithm.flow_grpo_clip_range": Range(low=0, low_open=True),
+    "algorithm.flow_grpo_timestep_fraction": Range(low=0, high=1, low_open=True, meaning="share of SDE steps trained"),
+    "algorithm.flow_grpo_sde_window_size": Range(low=0, meaning="0 = every step is an SDE step"),
+    "algorithm.flow_grpo_sde_window_range": Rule(
+        lambda r: r is None or (isinstance(r, (list, tuple, ListConfig)) and len(r) == 2
+                                and all(isinstance(x, int) and not isinstance(x, bool) for x in r) and 0 <= r[0] < r[1]),
+        "null or [first, end] steps with 0 <= first < end (within num_steps: validate._check_flow_grpo)"),
     "algorithm.awm_weighting": Choice(_registry("rlrunner.algorithms.awm", "WEIGHTINGS")),
     "algorithm.awm_ghuber_power": Range(low=0, low_open=True),
     "algorithm.awm_timesteps": Choice(_registry("rlrunner.objectives.awm", "TIMESTEPS")),

@@ -89,16 +89,34 @@ class AlgorithmConfig:
     nft_clip_ratio: float | None = None
     # EMA "old" policy: scalar tau or [start, end, s0, s1] (RLinf); ema <- (1 - tau) ema + tau theta
     nft_tau: Any = field(default_factory=lambda: [1.0, 0.01, 30, 70])
-    # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999
+    # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999, evaluated (as the
+    # official trainer does) at the optimizer steps taken so far, not the global step (see algorithms/ema.py)
     nft_decay_type: str = ""
-    nft_xcur_source: str = "resample"  # accepted for compatibility with RLinf recipes; resample is the only value
-    # noise levels t drawn per rollout sample in each update (flow_grpo/official code train on several timesteps
-    # of each trajectory); more draws = more signal per rollout at the cost of update time
+    # training states (x_t, t): resample = fresh noise on the rollout's x0 at t from nft_train_timesteps (RLinf's
+    # diffusion recipes, NVlabs); rollout = the rollout's own states x_i at its sigmas (RLinf's embodied default),
+    # reusing the rollout's v_old when exact (no CFG, sampled by the actor's current EMA adapter): one forward less
+    nft_xcur_source: str = "resample"
+    # nft_xcur_source resample: uniform = linspace(1, 0, N+1)[:N] (RLinf) | sampler = the sampler's shifted sigmas
+    # (NVlabs' trainer), N = num_steps; they coincide at shift 1
+    nft_train_timesteps: str = "uniform"
+    # training states per rollout sample in each update (flow_grpo/official code train on several timesteps of each
+    # trajectory); more = more signal per rollout at the cost of update time; rollout: at most num_steps (distinct)
     nft_timesteps_per_sample: int = 1
     # KL anchor to the base model (adapters off); 0 disables it
     ref_kl_coef: float = 0.0
     # control runs: "reward" (normal) | "none" (r fixed at 0.5) | "shuffle" (rewards permuted)
     reward_signal: str = "reward"
+    # flow_grpo (rlrunner/algorithms/flow_grpo.py; defaults of the official SD3 trainer): the SDE's noise level a
+    flow_grpo_noise_level: float = 0.7
+    # PPO clip range of the probability ratio
+    flow_grpo_clip_range: float = 1e-4
+    # share of a sample's SDE steps trained (drawn per sample); each trained step is one forward and backward
+    flow_grpo_timestep_fraction: float = 1.0
+    # Flow-GRPO-Fast: SDE (and training) on this many consecutive steps placed at random per sample, ODE elsewhere;
+    # 0 = every step is an SDE step (plain Flow-GRPO)
+    flow_grpo_sde_window_size: int = 0
+    # [first, end) steps the window lies in; null = the first half, [0, num_steps // 2], as the official configs
+    flow_grpo_sde_window_range: Any = None
     # AWM (name: awm, rlrunner/algorithms/awm.py); defaults as the official recipes but the EMA anchor. Time
     # weighting w(l, t) of each sample's flow-matching error l: none | t | t2 | huber | ghuber
     awm_weighting: str = "ghuber"

@@ -34,8 +34,37 @@ def _check_algorithm(cfg: DictConfig) -> None:
     if alg.advantage_mode not in valid:
         _fail(f"algorithm.advantage_mode={alg.advantage_mode!r} is not valid for algorithm.adv_type={alg.adv_type!r}; "
               f"choose one of {list(valid)}")
+    num_steps = cfg.actor.model[cfg.actor.model.model_type].num_steps
+    if alg.nft_xcur_source == "rollout" and alg.nft_timesteps_per_sample > num_steps:
+        _fail(f"algorithm.nft_timesteps_per_sample={alg.nft_timesteps_per_sample} exceeds the {num_steps} rollout "
+              f"states of a sample (actor.model.{cfg.actor.model.model_type}.num_steps) that "
+              f"algorithm.nft_xcur_source=rollout trains on; use at most {num_steps}")
     if cfg.runner.max_steps <= 0 and cfg.runner.max_epochs <= 0:
         _fail("set runner.max_steps or runner.max_epochs to a positive number")
+
+
+def _check_flow_grpo(cfg: DictConfig) -> None:
+    """flow_grpo's rollout is its own Euler(-Maruyama) integrator without guidance, with one advantage per sample,
+    and its SDE window lies within the sampling steps."""
+    alg = cfg.algorithm
+    if alg.name != "flow_grpo":
+        return
+    key = f"actor.model.{cfg.actor.model.model_type}"
+    family = cfg.actor.model[cfg.actor.model.model_type]
+    if family.train_sampler != "euler":
+        _fail(f"{key}.train_sampler={family.train_sampler!r} but algorithm.name=flow_grpo samples with Euler(-Maruyama) "
+              f"steps (SDE on the trained steps, Euler elsewhere); set {key}.train_sampler=euler")
+    if family.guidance_scale > 1:
+        _fail(f"{key}.guidance_scale={family.guidance_scale} but algorithm.name=flow_grpo trains without classifier-free "
+              f"guidance (its loss recomputes the sampled step's unguided log-probability); set {key}.guidance_scale=1")
+    if alg.adv_type != "grpo":
+        _fail(f"algorithm.adv_type={alg.adv_type!r} but algorithm.name=flow_grpo takes one advantage per sample; use "
+              f"algorithm.adv_type=grpo")
+    size, steps = alg.flow_grpo_sde_window_size, family.num_steps
+    low, high = alg.flow_grpo_sde_window_range or (0, steps // 2)
+    if size > 0 and not (high <= steps and size <= high - low):
+        _fail(f"algorithm.flow_grpo_sde_window_size={size} in algorithm.flow_grpo_sde_window_range=[{low}, {high}] does "
+              f"not fit {key}.num_steps={steps}; the window of steps must lie within [0, {steps}] (null: the first half)")
 
 
 def _check_awm(cfg: DictConfig) -> None:
@@ -162,6 +191,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     for problem in problems(cfg, ctx):
         _fail(problem)
     _check_algorithm(cfg)
+    _check_flow_grpo(cfg)
     _check_awm(cfg)
     _check_model(cfg, base_dir)
     _check_env(cfg, "train", base_dir, check_datasets)

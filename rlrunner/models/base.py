@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlrunner.algorithms.samplers import VelocityFn, sample_flow, sigma_schedule
+from rlrunner.algorithms.samplers import VelocityFn, VelocityObserver, sample_flow, sigma_schedule
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters
 
 Cond = dict[str, torch.Tensor]
@@ -214,17 +214,18 @@ class FlowModel(abc.ABC):
         negative_cond: Cond | None = None,
         adapter: str | None = EMA_ADAPTER,
         return_trajectory: bool = False,
+        observer: VelocityObserver | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Integrate the flow ODE from ``noise`` (t = 1) to a clean latent (t = 0).
 
         cond: ``[B, ...]`` tensors; noise: ``[B, *latent_shape]`` (float32 keeps the update math in fp32); guidance
-        as in :meth:`guided_velocity_fn`. Returns x0 ``[B, *latent_shape]`` (and the N + 1 states if
-        ``return_trajectory``).
+        as in :meth:`guided_velocity_fn` (an ``observer`` sees the guided velocity, see :func:`sample_flow`).
+        Returns x0 ``[B, *latent_shape]`` (and the N + 1 states if ``return_trajectory``).
         """
         velocity_fn = self.guided_velocity_fn(cond, guidance_scale, negative_cond)
         with self.use_adapter(adapter):
             return sample_flow(velocity_fn, noise, self.sigmas(num_steps, noise.device), sampler=sampler,
-                               return_trajectory=return_trajectory)
+                               return_trajectory=return_trajectory, observer=observer)
 
     def sigmas(self, num_steps: int, device: torch.device | str | None = None) -> torch.Tensor:
         """The sampling grid ``[num_steps + 1]`` from 1 to 0, shifted by the family's ``shift``."""

@@ -14,6 +14,7 @@ so a peft release that renames what it writes fails CI instead of silently train
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +44,18 @@ def lora_config(target_modules: tuple[str, ...], rank: int, alpha: int, init: st
     from peft import LoraConfig
 
     return LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=init, target_modules=list(target_modules))
+
+
+def lora_digest(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A fingerprint of an adapter's tensors (a :meth:`LoraAdapters.state_dict`): int64 ``[2]``, the 128-bit BLAKE2b
+    digest of every tensor's name, dtype, shape and bytes. Equal digests mean bitwise equal weights (up to the
+    hash's collisions, ~2^-64), on any worker."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return torch.frombuffer(bytearray(digest.digest()), dtype=torch.int64).clone()
 
 
 def fast_switch(layers: list[nn.Module], adapter: str | None) -> None:

@@ -15,6 +15,7 @@ from rlrunner.objectives.base import MicroBatch, Objective
 
 OBJECTIVES: dict[str, str] = {
     "nft": "rlrunner.objectives.nft:NFTObjective",
+    "flow_grpo": "rlrunner.objectives.flow_grpo:FlowGRPOObjective",
     "awm": "rlrunner.objectives.awm:AWMObjective",
 }
 

@@ -68,6 +68,10 @@ class Objective(abc.ABC):
         return model.sample(cond, noise, sampler=family.train_sampler, num_steps=family.num_steps,
                             guidance_scale=family.guidance_scale, adapter=self.sampling_adapter, **kwargs)
 
+    def begin_update(self, model: FlowModel) -> None:
+        """Called on every actor rank at the start of each update, before its loss passes (the adapters change
+        only after them: optimizer steps move ``default``, the EMA update follows the update). This default: nothing."""
+
     def draws(self) -> int:
         """Loss passes over each sample per optimizer step (each with its own :class:`MicroBatch` ``draw``)."""
         return 1

@@ -67,6 +67,7 @@ class ActorWorker:
         The k-th ``global_batch_size / world_size`` samples belong to optimizer step k."""
         batch = Batch.cat(rollout).select(index)
         batch.tensors.update(advantages=advantages, sample_index=sample_index)
+        self.objective.begin_update(self.model)
         local_batch = self.cfg.global_batch_size // self.world_size
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
@@ -114,8 +115,10 @@ class ActorWorker:
 
     # ------------------------------------------------------------------ EMA and sync
     def tau(self, step: int) -> float:
+        """tau of the EMA update after global step ``step``'s update: ``nft_tau`` at the global step, or the official
+        code's ``nft_decay_type`` at the optimizer steps taken so far, this step's included (as its global_step)."""
         if self.alg.nft_decay_type:
-            return 1.0 - decay_at(self.alg.nft_decay_type, step)
+            return 1.0 - decay_at(self.alg.nft_decay_type, self.optimizer_steps)
         spec = self.alg.nft_tau
         return tau_at(spec if isinstance(spec, (int, float)) else list(spec), step)
 
