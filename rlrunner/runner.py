@@ -34,7 +34,7 @@ from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
-from rlrunner.shares import env_shares, split_evenly
+from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker
@@ -160,7 +160,8 @@ class Runner:
         """Sample ``group_size`` images per prompt and score them; scoring round k overlaps the rollout of round k+1.
 
         Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
-        shard per rollout worker, its samples into one share per env worker (:meth:`submit_reward`).
+        shard per rollout worker, its samples into one slice per scorer thread of each env worker
+        (:meth:`submit_reward`).
 
         The rollout shards' parts stay with the workers (Ray's object store): images go to the env workers, the
         training part to the actor in :meth:`update`; the driver fetches only the samples it logs.
@@ -196,10 +197,13 @@ class Runner:
         return Rollout(train, Batch.cat(logged), start), RewardOutput.concat(rewards)
 
     def submit_reward(self, scored: list[Any], sizes: list[int], split: str) -> list[int]:
-        """Hand the env workers an equal share each of one rollout round's samples, as pieces ``(handle, start, stop)``
-        of the rollout shards' scored parts (``sizes`` samples each); returns their tickets."""
-        shares = env_shares(sizes, self.env.world_size)
-        return self.env.scatter("submit", [([(scored[i], lo, hi) for i, lo, hi in share], split) for share in shares])
+        """Hand the env workers one rollout round's samples, cut once (:func:`reward_slices`) into a slice per scorer
+        thread of every env worker, as pieces ``(handle, start, stop)`` of the rollout shards' scored parts
+        (``sizes`` samples each); returns their tickets."""
+        threads = self.cfg.env[split].reward.num_workers
+        per_worker = reward_slices(sizes, self.env.world_size, threads)
+        return self.env.scatter("submit", [([[(scored[i], lo, hi) for i, lo, hi in piece] for piece in slices], split)
+                                           for slices in per_worker])
 
     def collect_reward(self, tickets: list[int]) -> RewardOutput:
         return RewardOutput.concat(self.env.scatter("collect", [(t,) for t in tickets]))

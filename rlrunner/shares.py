@@ -1,4 +1,5 @@
-"""How the driver divides a step's work: prompts over rollout rounds and workers, samples over env workers.
+"""How the driver divides a step's work: prompts over rollout rounds and workers, samples over env workers and
+their scorer threads (:func:`reward_slices`: reward work is divided here only, once).
 
 Pure list arithmetic (no Ray, no torch), so the runner's bookkeeping can be tested on its own.
 """
@@ -27,3 +28,12 @@ def env_shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]
         shares.append([(i, max(lo - o, 0), min(hi - o, n)) for i, (o, n) in enumerate(zip(offsets, sizes))
                        if o < hi and lo < o + n] or [(0, 0, 0)])
     return shares
+
+
+def reward_slices(sizes: list[int], env_workers: int, threads: int) -> list[list[list[tuple[int, int, int]]]]:
+    """The one split of a rollout round's samples (shards of ``sizes``) for scoring: ``env_workers × threads``
+    consecutive slices (:func:`env_shares`), env worker i taking the i-th ``threads`` of them, one per scorer thread
+    (``reward.num_workers``). Empty slices are dropped, but each worker keeps at least one (possibly empty) slice."""
+    slices = env_shares(sizes, env_workers * threads)
+    mine = [slices[i * threads:(i + 1) * threads] for i in range(env_workers)]
+    return [[s for s in own if s[0][1] < s[0][2] or len(s) > 1] or own[:1] for own in mine]

@@ -153,3 +153,14 @@ def test_env_shares_cut_rollout_shards_into_equal_consecutive_pieces():
                                      [(0, 0, 0)]]
     assert env_shares([8], 2) == [[(0, 0, 4)], [(0, 4, 8)]]
     assert env_shares([2, 2], 1) == [[(0, 0, 2), (1, 0, 2)]]
+
+
+def test_reward_slices_cut_a_round_once_into_a_slice_per_scorer_thread_of_each_env_worker():
+    from rlrunner.shares import reward_slices
+
+    # 2 rollout shards of 6 samples, 2 env workers with 3 scorer threads: 6 consecutive slices of 2 samples
+    assert reward_slices([6, 6], 2, 3) == [[[(0, 0, 2)], [(0, 2, 4)], [(0, 4, 6)]],
+                                           [[(1, 0, 2)], [(1, 2, 4)], [(1, 4, 6)]]]
+    assert reward_slices([3, 2], 1, 2) == [[[(0, 0, 3)], [(1, 0, 2)]]]
+    # fewer samples than slices: empty slices are dropped, a worker without samples keeps one empty slice
+    assert reward_slices([2], 2, 2) == [[[(0, 0, 1)], [(0, 1, 2)]], [[(0, 0, 0)]]]

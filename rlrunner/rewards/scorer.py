@@ -6,15 +6,15 @@
         out = future.result()                       # RewardOutput of exactly that batch
 
 Threads, not processes: ONNX Runtime and Paddle release the GIL during inference, so threads scale with cores
-without pickling image batches to other processes (measured in ``bench/ocr_throughput.py``). Each submission is
-split into ``num_workers`` contiguous slices that run in parallel (each worker borrows its own OCR engine with
-``cores / num_workers`` inference threads); the slices are joined back in order. No Ray here: the cluster layer
-can wrap the scorer or the reward in an actor.
+without pickling image batches to other processes (measured in ``bench/ocr_throughput.py``). Each submitted batch
+is one task for one of the ``num_workers`` threads (each borrows its own OCR engine with ``cores / num_workers``
+inference threads); the scorer never splits a batch itself: ``submit_all`` takes the slices the driver cut
+(:func:`rlrunner.shares.reward_slices`, the one place where reward work is divided) and joins their outputs in order.
+No Ray here: the cluster layer can wrap the scorer or the reward in an actor.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -45,17 +45,19 @@ class AsyncRewardScorer:
         self._closed = False
 
     def submit(self, images: np.ndarray, prompts: list[str]) -> Future[RewardOutput]:
-        """Queue one batch (images ``[B, ...]``, ``B`` prompts); returns its future at once."""
+        """Queue one batch (images ``[B, ...]``, ``B`` prompts) as one task; returns its future at once."""
         if self._closed:
             raise RuntimeError("AsyncRewardScorer is closed")
         images = np.array(images, copy=True)
         prompts = list(prompts)
         if len(prompts) != len(images):
             raise ValueError(f"Got {len(images)} images but {len(prompts)} prompts")
-        bounds = np.linspace(0, len(images), min(self.num_workers, max(1, len(images))) + 1).astype(int)
-        slices = [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
-        parts = [self._pool.submit(self.reward, images[a:b], prompts[a:b]) for a, b in slices]
-        return _gather(parts)
+        return self._pool.submit(self.reward, images, prompts)
+
+    def submit_all(self, batches: list[tuple[np.ndarray, list[str]]]) -> Future[RewardOutput]:
+        """Queue each ``(images, prompts)`` slice as its own task (they run in parallel on the threads); returns one
+        future of their outputs joined in order."""
+        return _gather([self.submit(images, prompts) for images, prompts in batches])
 
     def close(self, wait: bool = True) -> None:
         """Stop accepting work; with ``wait``, block until submitted batches are done."""

@@ -19,7 +19,8 @@ class EnvWorker:
 
     Scoring is asynchronous inside the worker: ``submit`` returns a ticket at once and the reward's scorer
     threads work while the driver goes on (e.g. with the next rollout round); ``collect`` waits for the result.
-    This overlaps reward and rollout with every backend, in-process included.
+    This overlaps reward and rollout with every backend, in-process included. The worker scores the slices the
+    driver cut (:func:`rlrunner.shares.reward_slices`) as they come, one per scorer thread, never re-splitting.
     """
 
     def __init__(self, env_cfg: Any, *, rank: int = 0, world_size: int = 1) -> None:
@@ -30,13 +31,15 @@ class EnvWorker:
         self._pending: dict[int, Future] = {}
         self._tickets = itertools.count()
 
-    def submit(self, pieces: list[tuple[Batch, int, int]], split: str = "train") -> int:
-        """Start scoring samples ``start:stop`` of each rollout part ``(part, start, stop)``, joined in order;
-        returns a ticket. A part holds uint8 ``images`` ``[B, H, W, 3]`` (or frames ``[B, F, H, W, 3]``) and meta
-        ``prompts`` (:attr:`RolloutOutput.scored <rlrunner.workers.rollout.RolloutOutput>`)."""
-        batch = Batch.cat([part.select(slice(start, stop)) for part, start, stop in pieces])
+    def submit(self, slices: list[list[tuple[Batch, int, int]]], split: str = "train") -> int:
+        """Start scoring ``slices``, each on its own scorer thread: a slice is pieces ``(part, start, stop)``, samples
+        ``start:stop`` of a rollout part, joined in order; returns a ticket for the outputs of all slices in order.
+        A part holds uint8 ``images`` ``[B, H, W, 3]`` (or frames ``[B, F, H, W, 3]``) and meta ``prompts``
+        (:attr:`RolloutOutput.scored <rlrunner.workers.rollout.RolloutOutput>`)."""
+        batches = [Batch.cat([part.select(slice(start, stop)) for part, start, stop in pieces]) for pieces in slices]
         ticket = next(self._tickets)
-        self._pending[ticket] = self.scorers[split].submit(np.asarray(batch.tensors["images"]), batch.meta["prompts"])
+        self._pending[ticket] = self.scorers[split].submit_all(
+            [(np.asarray(batch.tensors["images"]), batch.meta["prompts"]) for batch in batches])
         return ticket
 
     def collect(self, ticket: int) -> RewardOutput:

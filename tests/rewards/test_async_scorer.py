@@ -1,4 +1,4 @@
-"""AsyncRewardScorer: futures in submission order, batch splitting across workers, errors, input copies."""
+"""AsyncRewardScorer: futures in submission order, slices in parallel and rejoined in order, errors, input copies."""
 
 from __future__ import annotations
 
@@ -48,15 +48,19 @@ def test_results_match_their_submission() -> None:
         assert slow.result().extra["prompts"] == ["slow", "a"]
 
 
-def test_batches_are_split_across_workers_and_rejoined_in_order() -> None:
+def test_slices_run_on_separate_workers_and_are_rejoined_in_order() -> None:
     reward = SlowMean()
     reward.delay = 0.05  # keeps each worker busy, so the slices cannot all run on one thread
     values = list(range(0, 250, 25))
+    bounds = [(0, 4), (4, 7), (7, 10)]  # as the driver cuts them (rlrunner.shares.reward_slices)
     with AsyncRewardScorer(reward, num_workers=3) as scorer:
-        out = scorer.submit(images_with_means(*values), [f"p{i}" for i in range(len(values))]).result(timeout=5)
+        out = scorer.submit_all([(images_with_means(*values[a:b]), [f"p{i}" for i in range(a, b)])
+                                 for a, b in bounds]).result(timeout=5)
+        whole = scorer.submit(images_with_means(*values), ["x"] * len(values)).result(timeout=5)
     np.testing.assert_allclose(out.avg, np.array(values) / 255, rtol=1e-6)
     assert out.extra["prompts"] == [f"p{i}" for i in range(len(values))]
     assert len(reward.threads) >= 2
+    np.testing.assert_array_equal(whole.avg, out.avg)  # one batch is one task: the scorer never splits it
 
 
 def test_exceptions_reach_the_future_and_inputs_are_copied() -> None:
@@ -87,7 +91,8 @@ def test_parallel_workers_use_separate_engines(fake_engine, monkeypatch) -> None
     reward = build_reward({"model": "ocr", "engine": "fake", "num_workers": 2})
     images = np.stack([coded_image(1, 16, seed=i) for i in range(6)])
     with AsyncRewardScorer(reward, num_workers=2) as scorer:
-        outs = [scorer.submit(images, ['"hello world"'] * 6) for _ in range(2)]  # 2 slices each
+        outs = [scorer.submit_all([(images[:3], ['"hello world"'] * 3), (images[3:], ['"hello world"'] * 3)])
+                for _ in range(2)]  # 2 slices each
         assert all(o.result(timeout=10).avg.tolist() == [1.0] * 6 for o in outs)
     assert len(users) == 4 and len(set(users)) == 2 and users[0] != users[1]
     assert len(reward.engines._free) == 2
