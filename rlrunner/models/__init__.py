@@ -7,12 +7,12 @@ To add one: write ``models/<family>.py`` with a ``FlowModel`` subclass that has 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from rlrunner.models.base import FlowModel
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER
 from rlrunner.utils.device import resolve_device, resolve_dtype
+from rlrunner.utils.registry import lazy_class
 
 MODEL_FAMILIES: dict[str, str] = {
     "tiny": "rlrunner.models.tiny:TinyFlowModel",
@@ -23,10 +23,7 @@ MODEL_FAMILIES: dict[str, str] = {
 
 
 def model_class(model_type: str) -> type[FlowModel]:
-    if model_type not in MODEL_FAMILIES:
-        raise ValueError(f"unknown actor.model.model_type {model_type!r}; valid: {sorted(MODEL_FAMILIES)}")
-    module_name, class_name = MODEL_FAMILIES[model_type].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return lazy_class(MODEL_FAMILIES, model_type, "actor.model.model_type")
 
 
 def build_model(model_cfg: Any) -> FlowModel:

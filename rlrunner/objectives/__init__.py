@@ -8,10 +8,10 @@ advantages, EMA, weight sync, checkpoints and logging are shared. To add one: su
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from rlrunner.objectives.base import MicroBatch, Objective
+from rlrunner.utils.registry import lazy_class
 
 OBJECTIVES: dict[str, str] = {
     "nft": "rlrunner.objectives.nft:NFTObjective",
@@ -22,10 +22,7 @@ OBJECTIVES: dict[str, str] = {
 
 def objective_class(name: str) -> type[Objective]:
     """The :class:`Objective` subclass registered as ``algorithm.name`` ``name``."""
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown algorithm.name {name!r}; valid: {sorted(OBJECTIVES)}")
-    module_name, class_name = OBJECTIVES[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return lazy_class(OBJECTIVES, name, "algorithm.name")
 
 
 def build_objective(algorithm_cfg: Any, family_cfg: Any) -> Objective:
