@@ -72,6 +72,10 @@ class Objective(abc.ABC):
         """Called on every actor rank at the start of each update, before its loss passes (the adapters change
         only after them: optimizer steps move ``default``, the EMA update follows the update). This default: nothing."""
 
+    def kept_latents_per_sample(self) -> int:
+        """How many latent-sized float32 tensors :meth:`rollout` keeps per sample besides x0 (memory plans)."""
+        return 0
+
     def draws(self) -> int:
         """Loss passes over each sample per optimizer step (each with its own :class:`MicroBatch` ``draw``)."""
         return 1

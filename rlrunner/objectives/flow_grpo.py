@@ -37,6 +37,9 @@ class FlowGRPOObjective(Objective):
         """Trained steps per sample: ``max(1, int(timestep_fraction · SDE steps))``, as the official trainer."""
         return max(1, int(float(self.alg.flow_grpo_timestep_fraction) * self.sde_steps_per_sample()))
 
+    def kept_latents_per_sample(self) -> int:
+        return 2 * self.draws()  # state before and after each trained step
+
     def rollout(self, model: FlowModel, cond: dict[str, Tensor], noise: Tensor,
                 generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
         """Sample with the SDE on each sample's window; keep ``[N, K, ...]`` states of its K trained steps."""

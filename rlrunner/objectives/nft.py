@@ -39,6 +39,9 @@ class NFTObjective(Objective):
     def draws(self) -> int:
         return int(self.alg.nft_timesteps_per_sample)  # training states per sample (resample: each fresh noise)
 
+    def kept_latents_per_sample(self) -> int:
+        return self.draws() * (2 if self.keeps_velocity else 1) if self.from_rollout else 0  # states (+ v_old)
+
     @property
     def from_rollout(self) -> bool:
         return self.alg.nft_xcur_source == "rollout"

@@ -24,6 +24,7 @@ import torch
 
 from rlrunner.models import model_class
 from rlrunner.models.shapes import SampleShapes
+from rlrunner.objectives import build_objective
 from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
 from rlrunner.utils.device import PRECISIONS
 
@@ -150,6 +151,7 @@ class StepGeometry:
     micro_batch_size: int
     cfg_factor: int  # 2 when rollouts use classifier-free guidance (negative and conditional halves)
     num_logged_samples: int
+    kept_latents: int = 0  # latent-sized tensors the algorithm's rollout keeps per sample besides x0
 
     @property
     def prompts(self) -> int:
@@ -171,6 +173,7 @@ def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
         rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_rounds=rounds,
         micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if family.guidance_scale > 1 else 1,
         num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
+        kept_latents=build_objective(cfg.algorithm, family).kept_latents_per_sample(),
     )
 
 
@@ -289,13 +292,18 @@ def host_buffer_parts(sizes: ModelSizes, geometry: StepGeometry) -> list[Part]:
     """One step's rollout result per rollout worker (host memory of its node; tensors return as CPU tensors)."""
     rows = geometry.samples // geometry.rollout_workers
     prompts = geometry.prompts // geometry.rollout_workers
-    return [
+    parts = [
         Part("rollout", "x0", sizes.latent_bytes(rows), f"[{rows}, {', '.join(map(str, sizes.shapes.latent))}] fp32"),
         Part("rollout", "conditioning, once per prompt", sizes.cond_bytes(prompts),
              f"{prompts} rows (repeated per sample it would be {format_bytes(sizes.cond_bytes(rows))})"),
         Part("rollout", "decoded pixels", sizes.pixel_bytes(rows),
              f"[{rows}, {', '.join(map(str, sizes.shapes.pixels))}] uint8"),
     ]
+    if geometry.kept_latents:
+        parts.insert(1, Part("rollout", "trajectory states the algorithm keeps",
+                             geometry.kept_latents * sizes.latent_bytes(rows),
+                             f"{geometry.kept_latents} fp32 latents per sample (algorithm.name and its options)"))
+    return parts
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -167,6 +167,20 @@ def test_wan_video_recipe_plans_frames(tiny_dirs, tmp_path, capsys):
     assert "[1152, 48, 2, 32, 32] fp32" in out and "[1152, 5, 512, 512, 3] uint8" in out
 
 
+def test_plan_counts_the_trajectory_states_an_algorithm_keeps(tiny_dirs, tmp_path, capsys):
+    """FlowGRPO keeps a state before and after each trained step; NFT with rollout states keeps x_i and v_old."""
+    folder = config_only_copy(tiny_dirs("sd3"), tmp_path / "configs")
+    row = "trajectory states the algorithm keeps"
+    assert main(["sd3_nft_ocr", f"actor.model.model_path={folder}"]) == 0
+    assert row not in capsys.readouterr().out  # NFT on re-noised x0 keeps nothing more
+    cases = {("algorithm.name=flow_grpo", "actor.model.sd3.train_sampler=euler",
+              "algorithm.flow_grpo_sde_window_size=2"): 4,
+             ("algorithm.nft_xcur_source=rollout", "algorithm.nft_timesteps_per_sample=3"): 6}
+    for overrides, latents in cases.items():
+        assert main(["sd3_nft_ocr", f"actor.model.model_path={folder}", *overrides]) == 0
+        assert f"{latents} fp32 latents per sample" in capsys.readouterr().out, overrides
+
+
 def test_plan_never_reads_weights(tmp_path, capsys):
     intact = main(["tiny_nft_ocr", "--device-memory", "1"])
     expected = capsys.readouterr().out
