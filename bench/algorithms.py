@@ -15,8 +15,8 @@ batch, learning rate, EMA schedule, evals every 20 steps on 128 held-out prompts
 2. **Run** each variant and seed with its steps (``--parallel 2`` runs two at a time: each run's phases are
    sequential on one torch thread, so two share the 2 cores; their wall clock is then longer than calibrated,
    which does not change their steps).
-3. **Report** a markdown table: steps, budgeted minutes (steps × calibrated s/step, evals excluded), held-out
-   reward at step 0 and at the end, and the gain.
+3. **Report** a markdown table: steps, minutes (steps × calibrated s/step, evals excluded), held-out reward at
+   step 0, 20 and the end, the gain, and its mean over seeds.
 """
 
 from __future__ import annotations
@@ -85,18 +85,23 @@ def run_dir_of(out: Path, name: str, seed: int) -> Path:
     return out / "runs" / f"{name}-seed{seed}"
 
 
-def report(names: list[str], seeds: list[int], out: Path, seconds: dict[str, float], budget: dict[str, int]) -> None:
-    print("\n| variant | seed | steps | budgeted min | held-out step 0 | end | gain |\n|---|---|---|---|---|---|---|")
+def report(names: list[str], seeds: list[int], out: Path, seconds: dict[str, float]) -> None:
+    print("\n| variant | seed | steps | min (steps × s/step) | held-out step 0 | step 20 | end | gain |\n"
+          "|---|---|---|---|---|---|---|---|")
     for name in names:
+        gains = []
         for seed in seeds:
             logs = run_dir_of(out, name, seed)
             found = [p for p in logs.iterdir() if p.is_dir()] if logs.is_dir() else []
             if not found:
                 continue
-            evals = [r for r in records(found[0]) if "eval/avg" in r]
-            first, last = evals[0], evals[-1]
-            print(f"| {VARIANTS[name][0]} | {seed} | {last['step']} | {budget[name] * seconds[name] / 60:.1f} | "
-                  f"{first['eval/avg']:.3f} | {last['eval/avg']:.3f} | {last['eval/avg'] - first['eval/avg']:+.3f} |")
+            evals = {r["step"]: r["eval/avg"] for r in records(found[0]) if "eval/avg" in r}
+            first, last = evals[0], evals[max(evals)]
+            gains.append(last - first)
+            print(f"| {VARIANTS[name][0]} | {seed} | {max(evals)} | {max(evals) * seconds[name] / 60:.1f} | "
+                  f"{first:.3f} | {evals.get(20, float('nan')):.3f} | {last:.3f} | {last - first:+.3f} |")
+        if len(gains) > 1:
+            print(f"| {VARIANTS[name][0]}: mean of {len(gains)} seeds | | | | | | | {statistics.mean(gains):+.3f} |")
 
 
 def main() -> None:
@@ -133,7 +138,7 @@ def main() -> None:
 
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             list(pool.map(run, jobs))
-    report(names, args.seeds, args.out, seconds, budget)
+    report(names, args.seeds, args.out, seconds)
 
 
 if __name__ == "__main__":
