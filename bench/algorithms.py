@@ -118,6 +118,7 @@ def main() -> None:
     calibration = args.out / "calibration.json"
     if args.report_only or (calibration.is_file() and set(names) <= set(json.loads(calibration.read_text()))):
         seconds = json.loads(calibration.read_text())
+        names = [name for name in names if name in seconds]  # --report-only: the calibrated variants
     else:
         print(f"calibrating ({args.calibration_steps} steps each):", flush=True)
         seconds = calibrate(names, args.calibration_steps, args.out)

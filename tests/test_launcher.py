@@ -77,7 +77,7 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
                     log_root=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
-    assert run_dir.name.endswith("-tiny_nft_ocr")
+    assert run_dir.name.endswith("-tiny_awm_ocr")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/avg" in r]
     assert [r["step"] for r in evals] == [0, 1, 2]
@@ -106,14 +106,18 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_recipe_learns_on_one_seed(tmp_path):
-    """The CPU recipe's first 20 steps raise the held-out OCR reward (fixed eval noise, 128 prompts).
+def test_nft_cpu_recipe_learns_on_one_seed(tmp_path):
+    """The NFT CPU recipe's first 20 steps raise the held-out OCR reward (fixed eval noise, 128 prompts).
+
+    The default recipe (AWM) learns more slowly at first (seed 42: +0.004 at step 20, +0.044 at step 40, +0.093 at
+    its end); its gain over three seeds is measured by bench/algorithms.py (README "Algorithms"), and this test
+    keeps the NFT recipe, which gains within 20 steps, as CI's check that the loop learns.
 
     Measured on a 2-core machine: 0.759 at step 0, 0.803 at step 20 (seed 42; 0.751 -> 0.780 before per-sample
     training noise and the recipe's async_reward: false). At least +0.015 is required, above the eval's
     step-to-step jitter (±0.01).
     """
-    result = launch("runner.max_steps=20", "runner.val_check_interval=20", "runner.save_interval=0",
+    result = launch("tiny_nft_ocr", "runner.max_steps=20", "runner.val_check_interval=20", "runner.save_interval=0",
                     log_root=tmp_path, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()

@@ -7,7 +7,7 @@
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/env.sh"
 CONFIG_DIR="$ROOT/examples/diffusion/config"
-DEFAULT_RECIPE="tiny_nft_ocr"
+DEFAULT_RECIPE="tiny_awm_ocr"
 
 usage() {
     cat <<USAGE

@@ -20,7 +20,7 @@ from rlrunner.config.schema import RecipeConfig
 from rlrunner.config.validate import validate
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
-DEFAULT_RECIPE = "tiny_nft_ocr"
+DEFAULT_RECIPE = "tiny_awm_ocr"
 # mappings that a recipe or override states whole: merging {"actor": "0-3", ...} into the default
 # {"actor,env,rollout": "all"} would place every component twice
 REPLACED_NOT_MERGED = ("cluster.component_placement",)
