@@ -1,6 +1,6 @@
 """Time per phase and reward gained per minute of the CPU recipe (tiny model, OCR reward).
 
-    .venv/bin/python bench/cpu_recipe.py                      # runs the default recipe (~15 min on 2 cores), then reports
+    .venv/bin/python bench/cpu_recipe.py                      # runs the NFT CPU recipe tiny_nft_ocr (~11 min), then reports
     .venv/bin/python bench/cpu_recipe.py --run-dir logs/<run> # reports on a finished run of run_diffusion.sh
     .venv/bin/python bench/cpu_recipe.py runner.max_steps=10  # a shorter run (dotted overrides as for the launcher)
 
@@ -58,7 +58,7 @@ def report(run_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, help="a finished run's log directory")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides for a new run of the default recipe")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for a new run of tiny_nft_ocr")
     args = parser.parse_args()
     run_dir = args.run_dir
     if run_dir is None:
