@@ -73,6 +73,7 @@ class Runner:
         self.nonfinite_in_a_row = 0
         self.reward_failures_in_a_row = 0
         # collocated actor and rollout take turns on the device when the recipe asks for offloading
+        self.loss_key = objective_class(alg.name).loss_key  # the metric the step line reports as "loss"
         self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
         self.ahead: RolloutAhead | None = None
@@ -95,7 +96,7 @@ class Runner:
                                         dynamic_ncols=True, file=sys.stderr, disable=not sys.stderr.isatty())
         while self.step < self.max_steps:
             metrics = self.train_step()
-            report_step(progress, self.step, self.max_steps, metrics, objective_class(self.cfg.algorithm.name).loss_key)
+            report_step(progress, self.step, self.max_steps, metrics, self.loss_key)
             last = self.step == self.max_steps
             if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
                 self.evaluate()

@@ -24,13 +24,13 @@ Pure torch; the objective that wires this to the workers is :mod:`rlrunner.objec
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
+from rlrunner.algorithms.samplers import VelocityFn
+
 Tensor = torch.Tensor
-VelocityFn = Callable[[Tensor, Tensor], Tensor]
 
 
 def _per_sample(value: Tensor, like: Tensor) -> Tensor:
@@ -198,6 +198,12 @@ def sde_sample(
     steps = torch.arange(num_steps, device=noise.device).expand(batch, num_steps)
     recorded_step = steps[record_steps].reshape(batch, num_recorded)
     return x.to(noise.dtype), SDETrajectory(recorded_x, recorded_x_next, recorded_log_prob, recorded_step)
+
+
+def window_range(configured: Any, num_steps: int) -> tuple[int, int]:
+    """The steps ``[first, end)`` an SDE window lies in: ``configured`` (a pair), or the first half
+    ``(0, num_steps // 2)`` when it is None, as the official Fast configs."""
+    return tuple(configured) if configured else (0, num_steps // 2)
 
 
 def sde_window(batch: int, num_steps: int, window_size: int, window_range: tuple[int, int],

@@ -49,6 +49,8 @@ def _check_flow_grpo(cfg: DictConfig) -> None:
     alg = cfg.algorithm
     if alg.name != "flow_grpo":
         return
+    from rlrunner.algorithms.flow_grpo import window_range  # torch: imported only for a flow_grpo recipe
+
     key = f"actor.model.{cfg.actor.model.model_type}"
     family = cfg.actor.model[cfg.actor.model.model_type]
     if family.train_sampler != "euler":
@@ -61,7 +63,7 @@ def _check_flow_grpo(cfg: DictConfig) -> None:
         _fail(f"algorithm.adv_type={alg.adv_type!r} but algorithm.name=flow_grpo takes one advantage per sample; use "
               f"algorithm.adv_type=grpo")
     size, steps = alg.flow_grpo_sde_window_size, family.num_steps
-    low, high = alg.flow_grpo_sde_window_range or (0, steps // 2)
+    low, high = window_range(alg.flow_grpo_sde_window_range, steps)
     if size > 0 and not (high <= steps and size <= high - low):
         _fail(f"algorithm.flow_grpo_sde_window_size={size} in algorithm.flow_grpo_sde_window_range=[{low}, {high}] does "
               f"not fit {key}.num_steps={steps}; the window of steps must lie within [0, {steps}] (null: the first half)")

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from rlrunner.algorithms.flow_grpo import choose_steps, grpo_loss, sde_sample, sde_step_logprob, sde_window
+from rlrunner.algorithms.flow_grpo import (
+    choose_steps,
+    grpo_loss,
+    sde_sample,
+    sde_step_logprob,
+    sde_window,
+    window_range,
+)
 from rlrunner.cluster.parallelize import Engine
 from rlrunner.models import TRAINED_ADAPTER, FlowModel
 from rlrunner.objectives.base import MicroBatch, Objective
@@ -44,8 +51,8 @@ class FlowGRPOObjective(Objective):
                 generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
         """Sample with the SDE on each sample's window; keep ``[N, K, ...]`` states of its K trained steps."""
         alg, batch = self.alg, noise.shape[0]
-        window_range = tuple(alg.flow_grpo_sde_window_range or (0, self.num_steps // 2))
-        sde_steps = sde_window(batch, self.num_steps, int(alg.flow_grpo_sde_window_size), window_range,
+        sde_steps = sde_window(batch, self.num_steps, int(alg.flow_grpo_sde_window_size),
+                               window_range(alg.flow_grpo_sde_window_range, self.num_steps),
                                generator=generator, device=noise.device)
         trained = choose_steps(sde_steps, self.draws(), generator=generator)
         velocity_fn = model.guided_velocity_fn(cond)  # no guidance: validate rejects guidance_scale > 1
