@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
+import rlrunner.objectives.nft as nft_objective_module
 from rlrunner.config.loader import load_recipe
 from rlrunner.models.tiny_text import write_random_tiny
+from rlrunner.workers.rollout import RolloutWorker
 
 # A recipe small enough for a CPU test (about a second per step): random 16x32 tiny model, 2 Euler steps,
 # 2 prompts x 4 samples per step, and a cheap reward that differs between samples.
@@ -58,3 +61,41 @@ def read_metrics(log_dir: Path) -> list[dict]:
 
 def train_metrics(log_dir: Path) -> list[dict]:
     return [m for m in read_metrics(log_dir) if "env/avg" in m]
+
+
+def spy_on_sampling(monkeypatch) -> list[dict]:
+    """Record every ``FlowModel.sample`` call that ``RolloutWorker.generate`` makes (in-process workers): one dict per
+    call with the generate call's ``mode``, ``group_size`` and number of ``prompts``, the sample call's ``noise``
+    (a copy) and its keyword arguments (``sampler``, ``num_steps``, ``adapter``, ...)."""
+    calls: list[dict] = []
+    original = RolloutWorker.generate
+
+    def spy(self, prompts, group_size, step, round_index, mode="train"):
+        sample = self.model.sample
+
+        def recording_sample(cond, noise, **kwargs):
+            calls.append({"mode": mode, "group_size": group_size, "prompts": len(prompts), "noise": noise.clone(),
+                          **kwargs})
+            return sample(cond, noise, **kwargs)
+
+        self.model.sample = recording_sample
+        try:
+            return original(self, prompts, group_size, step, round_index, mode)
+        finally:
+            self.model.sample = sample
+
+    monkeypatch.setattr(RolloutWorker, "generate", spy)
+    return calls
+
+
+def spy_on_nft_timesteps(monkeypatch) -> list[torch.Tensor]:
+    """Record the noise levels ``t`` ``[B]`` of every NFT loss call (in-process workers), in call order."""
+    times: list[torch.Tensor] = []
+    original = nft_objective_module.nft_loss
+
+    def recording(v_theta, v_old, x_t, x0, t, *args, **kwargs):
+        times.append(t.clone())
+        return original(v_theta, v_old, x_t, x0, t, *args, **kwargs)
+
+    monkeypatch.setattr(nft_objective_module, "nft_loss", recording)
+    return times

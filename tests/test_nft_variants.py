@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from runner_helpers import small_recipe, train_metrics
+from runner_helpers import small_recipe, spy_on_nft_timesteps, train_metrics
 
-import rlrunner.objectives.nft as nft_objective_module
 from rlrunner.algorithms.samplers import sigma_schedule
 from rlrunner.batch import Batch
 from rlrunner.runner import Runner, run
@@ -124,14 +123,7 @@ def test_sampler_timesteps_equal_uniform_at_shift_1_and_are_the_shifted_sigmas_a
     sampler = _run(tmp_path, "sampler", *steps, "algorithm.nft_train_timesteps=sampler")
     _assert_same_adapters(uniform / "checkpoints/global_step_2", sampler / "checkpoints/global_step_2")
 
-    times = []
-    original = nft_objective_module.nft_loss
-
-    def recording(v_theta, v_old, x_t, x0, t, *args, **kwargs):
-        times.append(t.clone())
-        return original(v_theta, v_old, x_t, x0, t, *args, **kwargs)
-
-    monkeypatch.setattr(nft_objective_module, "nft_loss", recording)
+    times = spy_on_nft_timesteps(monkeypatch)
     _run(tmp_path, "shift3", "runner.max_steps=1", "runner.save_interval=0", "algorithm.nft_train_timesteps=sampler",
          "actor.model.tiny.shift=3.0", "algorithm.nft_timesteps_per_sample=2")
     drawn = torch.cat(times)

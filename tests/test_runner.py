@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runner_helpers import read_metrics, small_recipe, train_metrics
+from runner_helpers import read_metrics, small_recipe, spy_on_sampling, train_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlrunner.cluster import WorkerError
 from rlrunner.runner import Runner, run
-from rlrunner.workers.rollout import RolloutWorker
 
 REQUIRED_TAGS = {
     "env/avg", "env/reward_errors", "train/actor/nft_loss", "train/actor/nft_tau", "train/actor/delta_v_norm",
@@ -80,28 +79,13 @@ def test_last_step_is_checkpointed_even_without_interval(local_run):
 
 
 def test_eval_uses_the_eval_sampler_steps_and_prompts(tmp_path, monkeypatch):
-    calls = []
-    original = RolloutWorker.generate
-
-    def spy(self, prompts, group_size, step, chunk, mode="train"):
-        sample = self.model.sample
-
-        def recording_sample(*args, **kwargs):
-            calls.append((mode, kwargs["sampler"], kwargs["num_steps"], kwargs["adapter"], group_size, len(prompts)))
-            return sample(*args, **kwargs)
-
-        self.model.sample = recording_sample
-        try:
-            return original(self, prompts, group_size, step, chunk, mode)
-        finally:
-            self.model.sample = sample
-
-    monkeypatch.setattr(RolloutWorker, "generate", spy)
+    sampled = spy_on_sampling(monkeypatch)
     cfg = small_recipe(tmp_path, "runner.max_steps=1", "actor.model.tiny.eval_sampler=dpm2",
                        "runner.async_reward=false")
     log_dir = tmp_path / "run"
     log_dir.mkdir()
     run(cfg, log_dir)
+    calls = [(c["mode"], c["sampler"], c["num_steps"], c["adapter"], c["group_size"], c["prompts"]) for c in sampled]
     evals = [c for c in calls if c[0] == "eval"]
     trains = [c for c in calls if c[0] == "train"]
     assert evals and all(c[1:5] == ("dpm2", 3, "default", 1) for c in evals)
@@ -158,28 +142,12 @@ def test_nonfinite_losses_skip_the_step_and_abort_after_a_streak(tmp_path, monke
 
 
 def test_every_eval_starts_from_the_same_noise(tmp_path, monkeypatch):
-    noises = {"eval": [], "train": []}
-    original = RolloutWorker.generate
-
-    def spy(self, prompts, group_size, step, chunk, mode="train"):
-        sample = self.model.sample
-
-        def recording_sample(cond, noise, **kwargs):
-            noises[mode].append(noise.clone())
-            return sample(cond, noise, **kwargs)
-
-        self.model.sample = recording_sample
-        try:
-            return original(self, prompts, group_size, step, chunk, mode)
-        finally:
-            self.model.sample = sample
-
-    monkeypatch.setattr(RolloutWorker, "generate", spy)
+    sampled = spy_on_sampling(monkeypatch)
     log_dir = tmp_path / "run"
     log_dir.mkdir()
     run(small_recipe(tmp_path, "runner.max_steps=2", "runner.val_check_interval=1", "runner.save_interval=0",
                      "runner.async_reward=false"), log_dir)
-    evals, trains = noises["eval"], noises["train"]
+    evals, trains = ([c["noise"] for c in sampled if c["mode"] == mode] for mode in ("eval", "train"))
     assert len(evals) == 3 and all(torch.equal(noise, evals[0]) for noise in evals)  # steps 0, 1, 2
     assert len(trains) == 2 and not torch.equal(trains[0], trains[1])  # training noise is fresh every step
     assert evals[0].shape[0] == 4 and not torch.equal(evals[0], trains[0][:4])

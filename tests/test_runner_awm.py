@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from omegaconf import OmegaConf
-from runner_helpers import small_recipe, train_metrics
+from runner_helpers import small_recipe, spy_on_sampling, train_metrics
 
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.schema import AlgorithmConfig
@@ -16,7 +16,6 @@ from rlrunner.models import build_model
 from rlrunner.objectives import MicroBatch
 from rlrunner.objectives.awm import TIMESTEPS
 from rlrunner.runner import run
-from rlrunner.workers.rollout import RolloutWorker
 
 
 def awm_run(root, *overrides: str) -> list[dict]:
@@ -29,24 +28,9 @@ def awm_run(root, *overrides: str) -> list[dict]:
 
 
 def test_awm_samples_with_the_trained_adapter_and_anchors_to_base_and_ema(tmp_path, monkeypatch):
-    adapters = []
-    original = RolloutWorker.generate
-
-    def spy(self, prompts, group_size, step, chunk, mode="train"):
-        sample = self.model.sample
-
-        def recording_sample(*args, **kwargs):
-            adapters.append((mode, kwargs["adapter"]))
-            return sample(*args, **kwargs)
-
-        self.model.sample = recording_sample
-        try:
-            return original(self, prompts, group_size, step, chunk, mode)
-        finally:
-            self.model.sample = sample
-
-    monkeypatch.setattr(RolloutWorker, "generate", spy)
+    sampled = spy_on_sampling(monkeypatch)
     metrics = awm_run(tmp_path, "algorithm.ref_kl_coef=0.01", "algorithm.awm_ema_kl_coef=0.5")
+    adapters = [(c["mode"], c["adapter"]) for c in sampled]
     assert adapters and set(adapters) == {("train", "default")}  # on-policy
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runner_helpers import small_recipe, train_metrics
+from runner_helpers import small_recipe, spy_on_nft_timesteps, train_metrics
 
 import rlrunner.objectives.nft as nft_objective_module
 from rlrunner.runner import run
@@ -49,14 +49,7 @@ def test_weight_sync_interval_keeps_the_rollout_on_the_last_synced_adapters(refe
 
 
 def test_several_timesteps_per_sample_draw_fresh_noise_levels(reference, tmp_path, monkeypatch):
-    times = []
-    original = nft_objective_module.nft_loss
-
-    def recording(v_theta, v_old, x_t, x0, t, *args, **kwargs):
-        times.append(t.clone())
-        return original(v_theta, v_old, x_t, x0, t, *args, **kwargs)
-
-    monkeypatch.setattr(nft_objective_module, "nft_loss", recording)
+    times = spy_on_nft_timesteps(monkeypatch)
     metrics = _run(tmp_path, "draws2", "runner.max_steps=1", "algorithm.nft_timesteps_per_sample=2")
     assert len(times) == 8  # 8 samples / micro-batches of 2 = 4 micro-batches, 2 draws each
     for first, second in zip(times[0::2], times[1::2]):
