@@ -54,9 +54,10 @@ class MeasuredEnv(EnvWorker):
 
     fetched = 0
 
-    def submit(self, pieces, split="train"):
-        self.fetched += sum(nbytes(part) for part, _, _ in pieces)
-        return super().submit(pieces, split)
+    def submit(self, slices, split="train"):
+        parts = {id(part): part for pieces in slices for part, _, _ in pieces}  # a part cut into several slices
+        self.fetched += sum(nbytes(part) for part in parts.values())
+        return super().submit(slices, split)
 
     def measured(self) -> int:
         fetched, self.fetched = self.fetched, 0

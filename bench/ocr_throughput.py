@@ -7,7 +7,7 @@ Modes (each on the same images; ``reward`` = mean OCR reward, a sanity check tha
   per_image   one engine call per image (full detection + recognition)
   batched     ``batch_size`` images per call: detection per image, one recognition over all their text boxes
   rec_only    recognition only (``reward.rec_only``): each image taken as one text line, no detector
-  threads     AsyncRewardScorer(num_workers=N) over the batched reward, N engines with cores/N threads each
+  threads     AsyncRewardScorer(num_workers=N) over the batched reward, N slices on N engines with cores/N threads each
   processes   the same split over N worker processes (spawned; images pickled to them) for comparison
 
 Figures (images/s, 64 images, batch_size 16, 2 workers) on the development machine: 2 CPU cores shared with other
@@ -112,7 +112,12 @@ def build_modes(args: argparse.Namespace) -> tuple[dict[str, Scorer], list[Calla
         modes["rec_only"] = lambda x, p: rec_only(x, p).avg
     if "threads" in args.modes:
         scorer = AsyncRewardScorer(build_reward({**base, "num_workers": args.workers}), num_workers=args.workers)
-        modes["threads"] = lambda x, p: scorer.submit(x, p).result().avg
+
+        def in_threads(images: np.ndarray, prompts: list[str]) -> np.ndarray:
+            splits = np.array_split(np.arange(len(images)), args.workers)  # as the driver cuts (shares.reward_slices)
+            return scorer.submit_all([(images[s], [prompts[i] for i in s]) for s in splits]).result().avg
+
+        modes["threads"] = in_threads
         closers.append(scorer.close)
     if "processes" in args.modes:
         import multiprocessing as mp
