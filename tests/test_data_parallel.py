@@ -3,6 +3,7 @@ checkpoints that resume on another number of ranks."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -124,3 +125,20 @@ def test_adapters_do_not_depend_on_the_number_of_actor_ranks_or_the_engine(ray_s
                 torch.testing.assert_close(state["optimizer"]["state"][name][key], moments[key], rtol=1e-3,
                                            atol=1e-4 * scale)
     assert [m["step"] for m in train_metrics(ddp4)] == [m["step"] for m in train_metrics(fsdp4)] == [2]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["awm", "flow_grpo"])
+def test_other_algorithms_train_the_same_adapters_on_one_or_two_ddp_ranks(ray_session, tmp_path, algorithm):
+    """FlowGRPO trains on the states its rollout kept and AWM on noise seeded per sample: both give the same adapters
+    on 1 and 2 actor ranks (Ray actors, gloo DDP), placed where placement.json says."""
+    runs = [_dp_run(tmp_path, f"20260101-00000{ranks}-{algorithm}{ranks}", ranks, "ddp", f"algorithm.name={algorithm}",
+                    "runner.max_steps=1") for ranks in (1, 2)]
+    single, double = (_actor_state(log_dir, 1) for log_dir in runs)
+    assert double["world_size"] == 2
+    assert all(m["train/actor/grad_norm"] > 0 for log_dir in runs for m in train_metrics(log_dir))  # it trained
+    assert _max_adapter_diff(single, double) <= 1e-5
+    placed = json.loads((runs[1] / "placement.json").read_text())
+    assert sorted((w["component"], w["rank"]) for w in placed) == [("actor", 0), ("actor", 1), ("env", 0), ("rollout", 0)]
+    assert all(w["node_id"] and w["node_ip"] for w in placed)  # Ray actors on a Ray node, not in-process
