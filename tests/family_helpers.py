@@ -29,21 +29,34 @@ def encode_prompt_batch(model: FlowModel, prompts: list[str]) -> Cond:
     return {k: v.index_select(0, index.to(v.device)) for k, v in cond.items()}
 
 
-def _sd3_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+def _negative(negative: Cond | None, **keys: str) -> dict[str, torch.Tensor]:
+    """The pipeline's negative-prompt arguments (``argument=cond_key``), none without guidance."""
+    return {} if negative is None else {arg: negative[key] for arg, key in keys.items()}
+
+
+def _sd3_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+              negative: Cond | None) -> dict[str, Any]:
     return {"prompt_embeds": cond["prompt_embeds"], "pooled_prompt_embeds": cond["pooled_prompt_embeds"],
-            "latents": noise, "height": model.height, "width": model.width, "guidance_scale": 1.0}
+            "latents": noise, "height": model.height, "width": model.width, "guidance_scale": guidance_scale,
+            **_negative(negative, negative_prompt_embeds="prompt_embeds",
+                        negative_pooled_prompt_embeds="pooled_prompt_embeds")}
 
 
-def _wan_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+def _wan_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+              negative: Cond | None) -> dict[str, Any]:
     return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": model.height, "width": model.width,
-            "num_frames": model.num_frames, "guidance_scale": 1.0}
+            "num_frames": model.num_frames, "guidance_scale": guidance_scale,
+            **_negative(negative, negative_prompt_embeds="prompt_embeds")}
 
 
-def _qwen_image_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+def _qwen_image_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+                     negative: Cond | None) -> dict[str, Any]:
     from rlrunner.models.qwen_image import pack_latents
 
     return {"prompt_embeds": cond["prompt_embeds"], "prompt_embeds_mask": cond["prompt_mask"],
-            "latents": pack_latents(noise), "height": model.height, "width": model.width, "true_cfg_scale": 1.0}
+            "latents": pack_latents(noise), "height": model.height, "width": model.width,
+            "true_cfg_scale": guidance_scale,
+            **_negative(negative, negative_prompt_embeds="prompt_embeds", negative_prompt_embeds_mask="prompt_mask")}
 
 
 def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
@@ -53,8 +66,9 @@ def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
     return unpack_latents(latents, h, w)
 
 
-#: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise)`` without CFG, and how to read
-#: the pipeline's output latents back into ``[B, *latent_shape]``
+#: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise, guidance_scale=g)`` (negative:
+#: ``model.negative_cond``, None without guidance), and how to read the pipeline's output latents back into
+#: ``[B, *latent_shape]``
 PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, torch.Tensor], torch.Tensor]]] = {
     "sd3": (_sd3_call, lambda model, latents: latents),
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
@@ -63,9 +77,10 @@ PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, to
 
 
 @torch.no_grad()
-def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int,
-                    adapter: str | None = EMA_ADAPTER) -> torch.Tensor:
-    """The rollout of ``model.sample`` (Euler, no CFG) through the diffusers pipeline's own ``__call__``.
+def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int, adapter: str | None = EMA_ADAPTER,
+                    guidance_scale: float = 1.0) -> torch.Tensor:
+    """The rollout of ``model.sample`` (Euler) through the diffusers pipeline's own ``__call__``; with
+    ``guidance_scale > 1``, the pipeline's own CFG with ``model.negative_cond`` as the negative prompt.
 
     The pipeline's scheduler is swapped, for the call only, for a flow-matching Euler scheduler on the same
     sigma grid, so the result equals ``sample(..., sampler="euler")`` (to float rounding of the grid).
@@ -83,8 +98,9 @@ def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: i
     model.pipe.scheduler = GridEulerScheduler(shift=float(model.cfg.shift))
     try:
         with model.use_adapter(adapter):
-            out = model.pipe(**call_kwargs(model, cond, noise), num_inference_steps=num_steps, output_type="latent",
-                             return_dict=False)[0]
+            negative = model.negative_cond(noise.shape[0]) if guidance_scale > 1 else None
+            out = model.pipe(**call_kwargs(model, cond, noise, guidance_scale, negative), num_inference_steps=num_steps,
+                             output_type="latent", return_dict=False)[0]
     finally:
         model.pipe.scheduler = original
     return from_pipeline_latents(model, out)
