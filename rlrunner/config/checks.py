@@ -195,6 +195,7 @@ _REWARD = {
     "engine": Choice(_registry("rlrunner.rewards", "ENGINES", first=("auto",))),
     "use_gpu": Free("bool"),
     "lang": Free("an OCR language code, passed to the engine, which rejects unknown ones when it loads"),
+    "ocr_version": Choice(_registry("rlrunner.rewards.engines", "PADDLE_MODELS")),
     "rec_only": Free("bool"),
     "frame_interval": Range(low=0, meaning="frames per chunk reward; 0 = one reward per frame"),
     "batch_size": POSITIVE_INT,

@@ -150,6 +150,9 @@ class RewardConfig:
     engine: str = "auto"  # auto | rapidocr | paddleocr
     use_gpu: bool = False
     lang: str = "en"
+    # PP-OCR models of engine paddleocr: PP-OCRv4 (the generation the DiffusionNFT / flow_grpo scoring ran) or
+    # PP-OCRv5 (PaddleOCR 3.x's own default); rapidocr runs the models its wheel ships
+    ocr_version: str = "PP-OCRv4"
     rec_only: bool = False  # recognition-only OCR for single-line images
     frame_interval: int = 4
     batch_size: int = 16
