@@ -1,9 +1,11 @@
-"""Helpers of the model tests and ``bench/rollout_overhead.py`` (which imports this file by path): starting noise,
-prompt batches encoded once per distinct prompt, and the reference rollout through the diffusers pipeline itself.
+"""Helpers of the model tests and of bench/rollout_overhead.py and bench/gpu_folders.py (which import this file by
+path): in-memory tokenizers of the tiny (and the device check's) pipelines, starting noise, prompt batches encoded
+once per distinct prompt, and the reference rollout through the diffusers pipeline itself.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +14,39 @@ import torch
 
 from rlrunner.models import EMA_ADAPTER, FlowModel
 from rlrunner.models.base import Cond
+
+CHARS = string.ascii_lowercase + string.digits
+
+
+def clip_tokenizer(max_length: int) -> Any:
+    """A CLIP tokenizer over lowercase letters and digits, built in memory (no hub access)."""
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
+
+
+def t5_tokenizer() -> Any:
+    """A T5 (sentencepiece unigram) tokenizer over lowercase letters and digits, built in memory."""
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [("\u2581" + c, -1.0) for c in CHARS] + [(c, -2.0) for c in CHARS] + [("\u2581", -3.0)]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0)
+
+
+def qwen_tokenizer() -> Any:
+    """A byte-level Qwen2 tokenizer with the chat-template special tokens, built in memory."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[])
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    return tok
 
 
 def make_noise(model: FlowModel, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
