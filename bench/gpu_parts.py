@@ -293,7 +293,8 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
     gpu = torch.cuda.is_available()
     if gpu:
         overrides.append(f"cluster.num_devices_per_node={gpus}")
-    label = f"{recipe} ({cfg.actor.strategy} over {gpus} rank{'s' if gpus > 1 else ''}{', offload' if cfg.cluster.enable_offload else ''})"
+    ranks = f"{cfg.actor.strategy} over {gpus} rank{'s' if gpus > 1 else ''}"
+    label = f"{recipe} ({ranks}{', offload' if cfg.cluster.enable_offload else ''})"
     with PeakMemory(gpu) as memory:
         first = launch(recipe, [*overrides, "runner.max_steps=2"], workdir / "first", timeout)
     done = metrics(first)
