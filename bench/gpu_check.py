@@ -115,7 +115,7 @@ def run_logged(command: list[str], log: Path, timeout: float) -> str | None:
 
 def child_command(args: argparse.Namespace, part: str) -> list[str]:
     command = [sys.executable, str(PARTS_SCRIPT), part, "--out", str(args.out), "--models", str(args.models),
-               "--gpus", str(args.gpus)]
+               "--gpus", str(args.gpus), "--timeout", str(args.part_timeout - 10)]  # the part ends before its kill
     return command + (["--tiny"] if args.tiny else [])
 
 
@@ -140,6 +140,8 @@ def table(rows: list[dict[str, Any]], memory: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tiny:  # on CPU even where a GPU is present: the parts and the runs they launch inherit this
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     args.out = (args.out or ROOT / "logs" / time.strftime("gpu_check-%Y%m%d-%H%M%S")).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     built_here = args.models is None
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += part_rows or [failed_row(part, error or "wrote no result")]
         print(f"gpu_check: part {part} {'FAILED' if error else 'done'} in {time.perf_counter() - part_start:.0f}s",
               flush=True)
-    memory = "device" if env["gpu_count"] and not args.tiny else "host"
+    memory = "host" if args.tiny or not env["gpu_count"] else "device"
     report = {"environment": env, "tiny": args.tiny, "memory": memory, "seconds": round(time.perf_counter() - start),
               "skipped": [p for p in PARTS if p not in parts], "rows": rows}
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2))

@@ -74,19 +74,17 @@ def write_prompts(folder: Path) -> Path:
     return folder
 
 
-def family_overrides(family: str, values: dict[str, Any]) -> list[str]:
-    return [f"actor.model.{family}.{key}={json.dumps(value)}" for key, value in values.items()]
+def model_overrides(folder: Path, profile: Profile, prompts: Path, **family: Any) -> list[str]:
+    """Recipe overrides that point a recipe at ``folder`` and ``prompts``, with the profile's family sizes and
+    ``family`` (``actor.model.<model_type>`` keys) on top."""
+    from rlrunner.models import MODEL_FAMILIES, model_class
 
-
-def load(recipe: str, folder: Path, profile: Profile, prompts: Path) -> Any:
-    from rlrunner.config.loader import load_recipe
-
-    family = json.loads((folder / "model_index.json").read_text())["_class_name"]
-    model_type = {"StableDiffusion3Pipeline": "sd3", "WanPipeline": "wan22_ti2v_5b",
-                  "QwenImagePipeline": "qwen_image"}[family]
-    overrides = [f"actor.model.model_path={folder}", f"env.train.dataset.path={prompts}",
-                 f"env.eval.dataset.path={prompts}", *family_overrides(model_type, profile.family.get(model_type, {}))]
-    return load_recipe(recipe, overrides)
+    pipeline = json.loads((folder / "model_index.json").read_text())["_class_name"]
+    model_type = next(t for t in MODEL_FAMILIES if model_class(t).pipeline_class_name == pipeline)
+    values = {**profile.family.get(model_type, {}), **family}
+    return [f"actor.model.model_path={folder}", f"env.train.dataset.path={prompts}",
+            f"env.eval.dataset.path={prompts}", *(f"actor.model.{model_type}.{k}={json.dumps(v)}"
+                                                  for k, v in values.items())]
 
 
 def accelerator(device: Any) -> Any:
@@ -124,10 +122,11 @@ def measure_recipe(recipe: str, folder: Path, profile: Profile, label: str, work
 
     from rlrunner.algorithms.ema import ema_update_
     from rlrunner.cluster.parallelize import Engine
+    from rlrunner.config.loader import load_recipe
     from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
     from rlrunner.objectives import MicroBatch, build_objective
 
-    cfg = load(recipe, folder, profile, write_prompts(workdir / "prompts"))
+    cfg = load_recipe(recipe, model_overrides(folder, profile, write_prompts(workdir / "prompts")))
     family = cfg.actor.model[cfg.actor.model.model_type]
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -154,6 +153,8 @@ def measure_recipe(recipe: str, folder: Path, profile: Profile, label: str, work
     micro = min(batch, profile.micro_batch or int(cfg.actor.micro_batch_size))
     x0 = x0[:micro].float().cpu()  # the actor's micro-batches come from host memory
     advantages = torch.linspace(-1, 1, micro)
+    if cfg.algorithm.adv_type == "grpo_video":  # one advantage per latent frame, as the video recipe trains
+        advantages = advantages[:, None].repeat(1, model.latent_shape[1])
     engine, params = Engine(model), model.trainable_parameters()
     optimizer = torch.optim.AdamW(params, lr=float(cfg.actor.optim.lr), weight_decay=1e-4)
     micro_cond = {k: v[:micro] for k, v in cond.items()}
@@ -165,7 +166,7 @@ def measure_recipe(recipe: str, folder: Path, profile: Profile, label: str, work
             tensors = {"x0": x0, "advantages": advantages, "sample_index": torch.arange(micro)}
             loss, _ = objective.loss(model, engine, MicroBatch(tensors, micro_cond, generators, draw=0))
             (loss / profile.accum).backward()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         engine.clip_grad_norm(params, float(cfg.actor.optim.clip_grad))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -191,8 +192,10 @@ def measure_recipe(recipe: str, folder: Path, profile: Profile, label: str, work
 class PeakMemory:
     """Peak memory while a block runs: used memory of the GPUs (nvidia-smi) or RSS of this process tree (psutil)."""
 
+    peak: float | None
+
     def __init__(self, gpu: bool) -> None:
-        self.gpu, self.peak, self._stop = gpu, 0.0, threading.Event()
+        self.gpu, self.peak, self._stop = gpu, None, threading.Event()  # None: no poll succeeded (no nvidia-smi)
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _used_gib(self) -> float:
@@ -210,7 +213,7 @@ class PeakMemory:
         while not self._stop.wait(0.5):
             # a process that exits mid-read fails one poll; the next one counts the others
             with contextlib.suppress(Exception):
-                self.peak = max(self.peak, self._used_gib())
+                self.peak = max(self.peak or 0.0, self._used_gib())
 
     def __enter__(self) -> PeakMemory:  # noqa: PYI034  (a final class)
         self._thread.start()
@@ -273,17 +276,17 @@ def metrics(log_dir: Path) -> dict[int, dict[str, float]]:
 
 
 def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus: int,
-               timeout: float = 240.0) -> list[dict[str, Any]]:
-    """``recipe`` for 2 steps (eval + checkpoint at step 2), then resumed from that checkpoint to step 3."""
+               timeout: float) -> list[dict[str, Any]]:
+    """``recipe`` for 2 steps (eval + checkpoint at step 2), then resumed from that checkpoint to step 3; each
+    launch may take ``timeout`` seconds."""
     import torch
 
     from rlrunner.checkpoint import complete_checkpoints
+    from rlrunner.config.loader import load_recipe
 
-    cfg = load(recipe, folder, profile, write_prompts(workdir / "prompts"))
-    model_type, run = cfg.actor.model.model_type, profile.run
-    overrides = [f"actor.model.model_path={folder}", f"env.train.dataset.path={workdir / 'prompts'}",
-                 f"env.eval.dataset.path={workdir / 'prompts'}",
-                 *family_overrides(model_type, {**profile.family.get(model_type, {}), "eval_num_steps": run["eval_steps"]}),
+    run = profile.run
+    prompts = write_prompts(workdir / "prompts")
+    overrides = [*model_overrides(folder, profile, prompts, eval_num_steps=run["eval_steps"]),
                  "env.train.reward.engine=rapidocr", "env.eval.reward.engine=rapidocr",  # offline, on the CPU
                  "env.train.reward.use_gpu=false", "env.eval.reward.use_gpu=false",
                  f"algorithm.group_size={run['group_size']}", f"env.train.total_num_envs={run['envs']}",
@@ -293,6 +296,7 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
     gpu = torch.cuda.is_available()
     if gpu:
         overrides.append(f"cluster.num_devices_per_node={gpus}")
+    cfg = load_recipe(recipe, overrides)  # a recipe error shows here, before any launch
     ranks = f"{cfg.actor.strategy} over {gpus} rank{'s' if gpus > 1 else ''}"
     label = f"{recipe} ({ranks}{', offload' if cfg.cluster.enable_offload else ''})"
     with PeakMemory(gpu) as memory:
@@ -321,22 +325,32 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
     return rows
 
 
-Step = Callable[[Path, Profile, Path, int], list[dict[str, Any]]]
-#: part -> its steps (models folder, profile, work folder, GPUs) -> rows; a step that raises becomes a FAILED row
-PARTS: dict[str, list[tuple[str, Step]]] = {
-    "sd3": [("sd3.5-m", lambda m, p, out, g: measure_recipe("sd3_nft_ocr", m / "sd3", p, "sd3.5-m", out))],
-    "runner": [("sd3_nft_ocr", lambda m, p, out, g: run_recipe("sd3_nft_ocr", m / "sd3", p, out, g))],
-    "qwen": [("qwen_image_nft_ocr", lambda m, p, out, g: run_recipe("qwen_image_nft_ocr", m / "qwen_image", p, out, g))],
+@dataclass(frozen=True)
+class Context:
+    models: Path  # the model folders (bench/gpu_folders.py)
+    profile: Profile
+    workdir: Path  # this part's runs and prompts
+    gpus: int  # devices of the runner parts
+    timeout: float  # seconds of the whole part
+
+
+#: part -> its steps (name, context -> rows); a step that raises becomes a FAILED row and the next one runs
+PARTS: dict[str, list[tuple[str, Callable[[Context], list[dict[str, Any]]]]]] = {
+    "sd3": [("sd3.5-m", lambda c: measure_recipe("sd3_nft_ocr", c.models / "sd3", c.profile, "sd3.5-m", c.workdir))],
+    "runner": [("sd3_nft_ocr", lambda c: run_recipe("sd3_nft_ocr", c.models / "sd3", c.profile, c.workdir, c.gpus,
+                                                      c.timeout / 2))],
+    "qwen": [("qwen_image_nft_ocr", lambda c: run_recipe("qwen_image_nft_ocr", c.models / "qwen_image", c.profile,
+                                                          c.workdir, c.gpus, c.timeout / 2))],
     "wan": [
-        ("wan2.2 image", lambda m, p, out, g: measure_recipe("wan22_ti2v_5b_nft_ocr", m / "wan22_ti2v_5b", p,
-                                                              "wan2.2 image", out)),
-        ("wan2.2 video", lambda m, p, out, g: measure_recipe("wan22_ti2v_5b_nft_video_ocr", m / "wan22_ti2v_5b", p,
-                                                              "wan2.2 video", out)),
+        ("wan2.2 image", lambda c: measure_recipe("wan22_ti2v_5b_nft_ocr", c.models / "wan22_ti2v_5b", c.profile,
+                                                  "wan2.2 image", c.workdir)),
+        ("wan2.2 video", lambda c: measure_recipe("wan22_ti2v_5b_nft_video_ocr", c.models / "wan22_ti2v_5b",
+                                                  c.profile, "wan2.2 video", c.workdir)),
     ],
 }
 
 
-def run_steps(part: str, models: Path, profile: Profile, workdir: Path, gpus: int) -> list[dict[str, Any]]:
+def run_steps(part: str, context: Context) -> list[dict[str, Any]]:
     """The rows of ``part``'s steps; a step that raises gives one FAILED row and the next step still runs."""
     import gc
     import traceback
@@ -346,7 +360,7 @@ def run_steps(part: str, models: Path, profile: Profile, workdir: Path, gpus: in
     rows = []
     for name, step in PARTS[part]:
         try:
-            rows += step(models, profile, workdir, gpus)
+            rows += step(context)
         except Exception as err:  # noqa: BLE001  the table records any failure; the check goes on
             traceback.print_exc()
             rows.append(row(name, 1, 0, None, None, f"FAILED: {type(err).__name__}: {str(err)[:400]}"))
@@ -363,11 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="writes <out>/<part>.json and the part's runs")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes on CPU")
     parser.add_argument("--gpus", type=int, default=1, help="devices of the runner parts")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds of the part (a launch: half of it)")
     args = parser.parse_args(argv)
-    profile = PROFILES["tiny" if args.tiny else "full"]()
     workdir = args.out / args.part
     workdir.mkdir(parents=True, exist_ok=True)
-    rows = run_steps(args.part, args.models, profile, workdir, args.gpus)
+    context = Context(args.models, PROFILES["tiny" if args.tiny else "full"](), workdir, args.gpus, args.timeout)
+    rows = run_steps(args.part, context)
     (args.out / f"{args.part}.json").write_text(json.dumps(rows, indent=2))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 

@@ -134,8 +134,8 @@ def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: i
     try:
         with model.use_adapter(adapter):
             negative = model.negative_cond(noise.shape[0]) if guidance_scale > 1 else None
-            out = model.pipe(**call_kwargs(model, cond, noise, guidance_scale, negative), num_inference_steps=num_steps,
-                             output_type="latent", return_dict=False)[0]
+            kwargs = call_kwargs(model, cond, noise, guidance_scale, negative)
+            out = model.pipe(**kwargs, num_inference_steps=num_steps, output_type="latent", return_dict=False)[0]
     finally:
         model.pipe.scheduler = original
     return from_pipeline_latents(model, out)
