@@ -11,6 +11,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
@@ -25,8 +26,7 @@ from tqdm import tqdm
 from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
 from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint
-from rlrunner.cluster import create_cluster, write_placement_report
-from rlrunner.cluster.parallelize import optimizer_step_shards
+from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
@@ -34,6 +34,7 @@ from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
+from rlrunner.sample_order import TrainPlan
 from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
@@ -162,32 +163,38 @@ class Runner:
 
         Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
         shard per rollout worker, its samples into one slice per scorer thread of each env worker
-        (:meth:`submit_reward`).
+        (:meth:`submit_reward`), and (training) each shard's training rows into one part per actor rank, by the
+        step's :class:`TrainPlan` (known before the rollout: it depends only on the seed and ``step``).
 
-        The rollout shards' parts stay with the workers (Ray's object store): images go to the env workers, the
-        training part to the actor in :meth:`update`; the driver fetches only the samples it logs.
+        Each rollout shard's result stays with its worker (Ray's object store), cut there into parts: the scored
+        images go to the env workers, each actor rank's rows to that rank in :meth:`update`, and the driver
+        fetches only the samples it logs. What the driver holds of the rest are :class:`Handle` s.
         """
         self.hand_device_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
             rounds = split_evenly(prompts, 2)
+        plan = None
+        if mode == "train":
+            plan = TrainPlan.build(self.cfg.runner.seed, step, len(prompts) * group_size,
+                                   self.cfg.actor.global_batch_size, self.actor.world_size)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
-        train, logged, tickets, start = [], [], [], 0
+        train: list[list[Handle[Batch]]] = [[] for _ in range(self.actor.world_size if plan else 0)]
+        logged: list[Batch] = []
+        tickets, start = [], 0
         for index, round_prompts in enumerate(rounds):
             shards = split_evenly(round_prompts, n_rollout)
             sizes = [len(shard) * group_size for shard in shards]
-            offsets = np.cumsum([start, *sizes[:-1]])
-            to_log_here = [int(np.clip(to_log - offset, 0, n)) for offset, n in zip(offsets, sizes)]
+            offsets = np.cumsum([start, *sizes[:-1]]).tolist()
             with timer("rollout"):
                 parts = self.rollout.scatter_async(
                     "generate", [(p, group_size, step, index, mode) for p in shards],
-                    # split where computed: the actor's part, the env workers' part, the samples the driver logs
-                    per_rank_parts=[(attrgetter("train"), attrgetter("scored"), methodcaller("first", k))
-                                    for k in to_log_here])
-                for_actor, for_env, for_logs = (parts.part(i) for i in range(3))
+                    per_rank_parts=[self._shard_parts(plan, offset, n, to_log) for offset, n in zip(offsets, sizes)])
+                for_env, for_logs = parts.part(len(train)), parts.part(len(train) + 1)
                 logged += for_logs.get()  # waits for the round's rollout
-            train += for_actor.handles()
+            for rank, handles in enumerate(train):
+                handles += parts.part(rank).handles()
             tickets.append(self.submit_reward(for_env.handles(), sizes, split))
             start += sum(sizes)
             if not self.cfg.runner.async_reward:
@@ -195,9 +202,17 @@ class Runner:
                     tickets[-1] = self.collect_reward(tickets[-1])
         with timer("reward"):
             rewards = [t if isinstance(t, RewardOutput) else self.collect_reward(t) for t in tickets]
-        return Rollout(train, Batch.cat(logged), start), RewardOutput.concat(rewards)
+        return Rollout(train, plan, Batch.cat(logged), start), RewardOutput.concat(rewards)
 
-    def submit_reward(self, scored: list[Any], sizes: list[int], split: str) -> list[int]:
+    @staticmethod
+    def _shard_parts(plan: TrainPlan | None, offset: int, size: int, to_log: int) -> list[Callable[[Any], Any]]:
+        """How the rollout shard of samples ``[offset, offset + size)`` splits its result where it was computed:
+        one training part per actor rank (``plan``; none for eval), the scored images, and the samples to log."""
+        for_actor = [methodcaller("train_rows", plan.shard_rows(rank, offset, size))
+                     for rank in range(plan.world_size)] if plan else []
+        return [*for_actor, attrgetter("scored"), methodcaller("first", int(np.clip(to_log - offset, 0, size)))]
+
+    def submit_reward(self, scored: list[Handle[Batch]], sizes: list[int], split: str) -> list[int]:
         """Hand the env workers one rollout round's samples, cut once (:func:`reward_slices`) into a slice per scorer
         thread of every env worker, as pieces ``(handle, start, stop)`` of the rollout shards' scored parts
         (``sizes`` samples each); returns their tickets."""
@@ -236,17 +251,14 @@ class Runner:
             active.call("onload")
 
     def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
-        """Train on the step's samples in a seeded order: optimizer step k takes the k-th ``global_batch_size``
-        window of the permutation and rank r the r-th equal slice of each window, as sample indices with their
-        positions and advantages, plus the handles of every rollout shard's training part (it fetches them itself)."""
+        """Train on the step's samples as its :class:`TrainPlan` says: rank r gets the handles of its own rows of
+        every rollout shard (it fetches them itself), where each sits in its training order, the positions (seeds
+        of their training noise) and their advantages."""
         self.hand_device_to("actor")
-        generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
-        order = torch.randperm(rollout.num_samples, generator=generator)
-        # positions in the shuffled order, cut into optimizer-step windows shared by the ranks; a sample's position
-        # seeds its training noise, so the result does not depend on the number of ranks
-        positions = optimizer_step_shards(rollout.num_samples, self.cfg.actor.global_batch_size, self.actor.world_size)
+        plan = rollout.plan
         metrics = _mean_dicts(self.actor.scatter("update", [
-            (rollout.train, order[position], position, advantages[order[position]], self.step) for position in positions
+            (rollout.train[rank], plan.local_index(rank), plan.positions[rank], advantages[plan.samples(rank)],
+             self.step) for rank in range(self.actor.world_size)
         ]))
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
         if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
@@ -351,7 +363,9 @@ class Runner:
 class Rollout:
     """A rollout as the driver holds it: handles, never the tensors, except the few samples it logs."""
 
-    train: list[Any]  # handles of every shard's RolloutOutput.train, in sample order (Ray: object references)
+    # train[r]: actor rank r's rows of every rollout shard's RolloutOutput.train, in sample order (none for eval)
+    train: list[list[Handle[Batch]]]
+    plan: TrainPlan | None  # who trains what (training rollouts only)
     logged: Batch  # images and prompts of the first runner.num_logged_samples samples (none when not logging)
     num_samples: int
 

@@ -14,6 +14,7 @@ from rlrunner.batch import Batch
 from rlrunner.cluster.parallelize import local_shards, parallelize
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.objectives import MicroBatch, build_objective
+from rlrunner.sample_order import noise_seed
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
 
@@ -61,10 +62,11 @@ class ActorWorker:
     # ------------------------------------------------------------------ training
     def update(self, rollout: list[Batch], index: torch.Tensor, sample_index: torch.Tensor, advantages: torch.Tensor,
                step: int) -> dict[str, float]:
-        """Train on this rank's samples: rows ``index`` (int64 ``[n]``, in training order) of the rollout's
-        ``train`` parts joined in order (``x0``, per-prompt ``cond.*``), with their positions in the step's shuffled
-        order ``sample_index`` ``[n]`` (seeds of their training noise) and ``advantages`` ``[n]`` or ``[n, K]``.
-        The k-th ``global_batch_size / world_size`` samples belong to optimizer step k."""
+        """Train on this rank's samples (see :mod:`rlrunner.sample_order`): rows ``index`` (int64 ``[n]``, in
+        training order) of ``rollout``, this rank's training parts of the rollout shards joined in order (``x0``,
+        per-prompt ``cond.*``), with their positions in the step's shuffled order ``sample_index`` ``[n]`` (seeds of
+        their training noise) and ``advantages`` ``[n]`` or ``[n, K]``. The k-th ``global_batch_size / world_size``
+        samples belong to optimizer step k."""
         batch = Batch.cat(rollout).select(index)
         batch.tensors.update(advantages=advantages, sample_index=sample_index)
         self.objective.begin_update(self.model)
@@ -103,9 +105,9 @@ class ActorWorker:
         return metrics
 
     def _noise_generators(self, micro: Batch, step: int, draw: int) -> list[torch.Generator]:
-        """One generator per sample, seeded by (seed, step, global sample index, draw): never by rank."""
-        return [torch.Generator().manual_seed(derive_seed(self.cfg.seed, "actor-noise", step, index, draw))
-                for index in micro.tensors["sample_index"].tolist()]
+        """One generator per sample, seeded by (seed, step, its position in the step, draw): never by rank."""
+        return [torch.Generator().manual_seed(noise_seed(self.cfg.seed, step, position, draw))
+                for position in micro.tensors["sample_index"].tolist()]
 
     def _micro_loss(self, micro: Batch, generators: list[torch.Generator],
                     draw: int = 0) -> tuple[torch.Tensor, dict[str, float]]:

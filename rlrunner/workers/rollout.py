@@ -25,6 +25,11 @@ class RolloutOutput(NamedTuple):
     train: Batch
     scored: Batch
 
+    def train_rows(self, rows: list[int]) -> Batch:
+        """The training part's samples ``rows`` (ascending): one actor rank's share (:meth:`TrainPlan.shard_rows
+        <rlrunner.sample_order.TrainPlan.shard_rows>`), copied out, so that the rank fetches nothing else."""
+        return self.train.select(rows)
+
     def first(self, n: int) -> Batch:
         """The first ``n`` scored samples, copied: a pickled view would carry every image of its storage."""
         return Batch({k: v[:n].clone() for k, v in self.scored.tensors.items()},
