@@ -82,3 +82,34 @@ class BrokenInit:
 
     def __init__(self, *, rank: int, world_size: int) -> None:
         raise OSError(f"cannot load weights on rank {rank}")
+
+
+class PortCheckedBeforeJoining(DataParallel):
+    """Before joining (where a real worker loads its model, for minutes) tries to take MASTER_PORT itself."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", int(os.environ["MASTER_PORT"])))
+                self.port_was_free = True
+            except OSError:
+                self.port_was_free = False
+        super().__init__(rank=rank, world_size=world_size)
+
+    def port_free_before_join(self) -> bool:
+        return self.port_was_free
+
+
+class ThreadReport:
+    """The env worker's view of its thread budget: torch's pool, OpenMP's setting, what an OCR engine is given."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        from rlrunner.rewards.engines import default_num_threads
+
+        self.threads = {"torch": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+                        "ocr_engine": default_num_threads(1), "cores_visible": len(os.sched_getaffinity(0))}
+
+    def report(self) -> dict:
+        return self.threads
