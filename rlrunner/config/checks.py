@@ -208,6 +208,7 @@ _REWARD = {
     "served_model": Free("the model name the endpoint serves; required for vlm_ocr (validate._check_reward)"),
     "api_key_file": ExistingPath(kind="file"),
     "timeout_s": Range(low=0, low_open=True, meaning="seconds per scoring attempt"),
+    "max_engine_rebuilds": COUNT,
     "max_retries": COUNT,
     "max_concurrency": POSITIVE_INT,
     "required": Free("bool"),

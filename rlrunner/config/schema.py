@@ -170,6 +170,8 @@ class RewardConfig:
     # requests in flight; required: false scores failed samples 0 (counted in env/reward_errors) and trains on.
     # ocr and video_ocr: seconds one engine call (batch_size images) may take; past it those images score 0
     timeout_s: float = 60.0
+    # ocr and video_ocr: engines built to replace ones stuck in calls past timeout_s; one more stops the run
+    max_engine_rebuilds: int = 8
     max_retries: int = 3
     max_concurrency: int = 4
     required: bool = True
