@@ -11,10 +11,8 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,7 @@ from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker
-from rlrunner.workers.rollout import RolloutWorker
+from rlrunner.workers.rollout import RolloutWorker, shard_parts
 
 logger = logging.getLogger("rlrunner")
 # keyword that each advantage estimator takes for algorithm.advantage_mode
@@ -190,7 +188,7 @@ class Runner:
             with timer("rollout"):
                 parts = self.rollout.scatter_async(
                     "generate", [(p, group_size, step, index, mode) for p in shards],
-                    per_rank_parts=[self._shard_parts(plan, offset, n, to_log) for offset, n in zip(offsets, sizes)])
+                    per_rank_parts=[shard_parts(plan, offset, n, to_log) for offset, n in zip(offsets, sizes)])
                 for_env, for_logs = parts.part(len(train)), parts.part(len(train) + 1)
                 logged += for_logs.get()  # waits for the round's rollout
             for rank, handles in enumerate(train):
@@ -203,14 +201,6 @@ class Runner:
         with timer("reward"):
             rewards = [t if isinstance(t, RewardOutput) else self.collect_reward(t) for t in tickets]
         return Rollout(train, plan, Batch.cat(logged), start), RewardOutput.concat(rewards)
-
-    @staticmethod
-    def _shard_parts(plan: TrainPlan | None, offset: int, size: int, to_log: int) -> list[Callable[[Any], Any]]:
-        """How the rollout shard of samples ``[offset, offset + size)`` splits its result where it was computed:
-        one training part per actor rank (``plan``; none for eval), the scored images, and the samples to log."""
-        for_actor = [methodcaller("train_rows", plan.shard_rows(rank, offset, size))
-                     for rank in range(plan.world_size)] if plan else []
-        return [*for_actor, attrgetter("scored"), methodcaller("first", int(np.clip(to_log - offset, 0, size)))]
 
     def submit_reward(self, scored: list[Handle[Batch]], sizes: list[int], split: str) -> list[int]:
         """Hand the env workers one rollout round's samples, cut once (:func:`reward_slices`) into a slice per scorer
