@@ -98,7 +98,8 @@ def actor_fetch_lines(sizes: ModelSizes, geometry: StepGeometry, seed: int, glob
         ranks = nodes * per_node
         plan = TrainPlan.build(seed, 0, geometry.samples, global_batch_size, ranks)
         mine = [training_bytes(sizes, geometry, plan.samples(r)) for r in range(ranks)]
-        worst, prompts = max(mine), max(len(torch.unique(plan.samples(r) // geometry.group_size)) for r in range(ranks))
+        prompts = max(len(torch.unique(plan.samples(r) // geometry.group_size)) for r in range(ranks))
+        worst = max(mine)
         lines.append(f"  {f'{ranks} rank(s), {per_node} per node ({prompts}/{geometry.prompts} prompts a rank)':<46}"
                      f"{format_bytes(everything):>13}{format_bytes(per_node * everything):>12}"
                      f"{format_bytes(worst):>13}{format_bytes(per_node * worst):>12}{worst / everything:>16.4f}")
@@ -123,7 +124,8 @@ def report(recipe: str, folder: Path, overrides: list[str]) -> list[str]:
     cond = next(f for f in flows if f.name == "text conditioning")
     where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
     cond_shapes = {name: list(shape) for name, (shape, _) in sizes.shapes.cond.items()}
-    lines = [(f"{' '.join([recipe, *overrides])}: {cfg.actor.model.model_type} from {where}; {geometry.samples} samples = {geometry.prompts} "
+    lines = [(f"{' '.join([recipe, *overrides])}: {cfg.actor.model.model_type} from {where}; {geometry.samples} "
+              f"samples = {geometry.prompts} "
               f"prompts x group {geometry.group_size}; latent {list(sizes.shapes.latent)}, pixels "
               f"{list(sizes.shapes.pixels)}, conditioning {cond_shapes}"),
              f"  {'tensor':<26}{'today: driver':>15}{'crosses':>12}{'new: driver':>15}{'crosses':>12}"]

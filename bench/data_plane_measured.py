@@ -4,9 +4,10 @@
     .venv/bin/python bench/data_plane_measured.py --steps 3 env.train.total_num_envs=32   # dotted overrides
     .venv/bin/python bench/data_plane_measured.py --actor-ranks 2       # DDP over gloo: what each rank fetches
 
-Actor (``--actor-ranks`` CPU "devices"), rollout and env run as separate Ray actors. Every size is the pickled size (protocol 5)
-of what crosses a process boundary, summed per step: what the driver receives from each worker method and sends
-to it, and what the actor and env workers fetch from the rollout workers' results in the object store. The last
+Actor (``--actor-ranks`` CPU "devices"), rollout and env run as separate Ray actors. Every size is the pickled size
+(protocol 5) of what crosses a process boundary, summed per step: what the driver receives from each worker method
+and sends to it, and what each actor rank and the env workers fetch from the rollout workers' results in the object
+store. The last
 table is what a driver that relays the rollout (the data plane before object references and once-per-prompt
 conditioning) would receive and send, built from the same measured tensors, and the ratio.
 """
@@ -120,7 +121,8 @@ def main() -> None:
     actor_total = collections.Counter()
     for fetched in actor:  # the ranks' rows partition the step's samples
         actor_total.update(fetched)
-    once, repeated = actor_total["  of which conditioning (once per prompt)"], actor_total["conditioning if repeated per sample"]
+    once = actor_total["  of which conditioning (once per prompt)"]
+    repeated = actor_total["conditioning if repeated per sample"]
     relayed = actor_total["  of which x0"] + repeated + sum(env)  # x0, repeated conditioning, images: in, then out
     now_in, now_out = step_received["rollout.generate"], step_sent["env.submit"] + step_sent["actor.update"]
     print(f"\nlast step, rollout data through the driver: relayed {relayed:,} in and out; now {now_in:,} in "

@@ -152,7 +152,8 @@ class FetchCountingActor(ActorWorker):
         import pickle
 
         self.fetched = [*getattr(self, "fetched", []), {
-            "rows_per_part": [len(part) for part in rollout], "x0_bytes": sum(p.tensors["x0"].nbytes for p in rollout),
+            "rows_per_part": [len(part) for part in rollout], "prompts_per_part": [p.num_prompts for p in rollout],
+            "x0_bytes": sum(p.tensors["x0"].nbytes for p in rollout),
             "bytes": sum(len(pickle.dumps(p, protocol=5)) for p in rollout), "positions": sample_index.tolist()}]
         return super().update(rollout, index, sample_index, advantages, step)
 
@@ -167,12 +168,9 @@ def test_with_ray_each_actor_rank_fetches_only_the_rows_it_trains_on(tmp_path, m
 
     from rlrunner.cluster import create_cluster
 
+    # that the adapters match one rank's is tests/test_data_parallel.py; this counts what each rank fetched
     overrides = ["runner.max_steps=1", "runner.save_interval=0", "runner.val_check_interval=0",
-                 "runner.val_before_train=false"]
-    local_dir = tmp_path / "local"
-    local_dir.mkdir()
-    run(small_recipe(tmp_path, *overrides), local_dir)  # one in-process actor rank: the reference adapters
-
+                 "runner.val_before_train=false", "runner.sample_log_interval=0"]
     monkeypatch.setattr("rlrunner.runner.ActorWorker", FetchCountingActor)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the spy is not importable on Ray workers
     cfg = small_recipe(tmp_path, *overrides, "cluster.backend=ray", "cluster.num_devices_per_node=4",
@@ -194,12 +192,8 @@ def test_with_ray_each_actor_rank_fetches_only_the_rows_it_trains_on(tmp_path, m
     latent = RolloutWorker(cfg.actor.model, seed=0).model.latent_shape
     x0_bytes_per_sample = 4 * int(torch.Size(latent).numel())  # float32
     assert rank0["x0_bytes"] == rank1["x0_bytes"] == 4 * x0_bytes_per_sample  # half of the step's 8 samples' x0
-    print(f"training bytes fetched per step: rank 0 {rank0['bytes']:,}, rank 1 {rank1['bytes']:,}")
-
-    local = torch.load(local_dir / "checkpoints/global_step_1/actor/rank_0.pt", weights_only=False)
-    remote = torch.load(ray_dir / "checkpoints/global_step_1/actor/rank_0.pt", weights_only=False)
-    for name, state in local["adapters"].items():  # DDP's average of 2 ranks: equal up to float rounding
-        assert all(torch.allclose(t, remote["adapters"][name][k], atol=1e-6) for k, t in state.items()), name
+    # each shard is one prompt's group: a part carries that prompt's conditioning once, or none if it has no rows
+    assert all(r["prompts_per_part"] == [int(n > 0) for n in r["rows_per_part"]] for r in (rank0, rank1))
 
 
 def test_env_shares_cut_rollout_shards_into_equal_consecutive_pieces():

@@ -65,7 +65,8 @@ class _WorkerHost:
                 "port": bind_rendezvous() if rendezvous else None}
 
     def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
-        """Set the env vars (torch.distributed's and the thread budget's), then build ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
+        """Set the env vars (torch.distributed's and the thread budget's), then build
+        ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
         os.environ.update(env)
         apply_thread_budget()  # the worker's threads follow its CPU reservation, not the node's core count
         self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)

@@ -153,8 +153,8 @@ class RewardConfig:
     rec_only: bool = False  # recognition-only OCR for single-line images
     frame_interval: int = 4
     batch_size: int = 16
-    # scorer threads of each env worker, each with its own OCR engine (cores / num_workers inference threads); the
-    # driver cuts each rollout round once into num_workers slices per env worker (rlrunner/shares.py)
+    # scorer threads of each env worker, each with its own OCR engine (cluster.cpus_per_worker / num_workers inference
+    # threads); the driver cuts each rollout round once into num_workers slices per env worker (rlrunner/shares.py)
     num_workers: int = 1
     weight: float = 1.0
     alphabet: str = ""  # keep only these characters of the recognised text before scoring

@@ -103,13 +103,21 @@ class PortCheckedBeforeJoining(DataParallel):
 
 
 class ThreadReport:
-    """The env worker's view of its thread budget: torch's pool, OpenMP's setting, what an OCR engine is given."""
+    """A real env worker (RapidOCR rewards) reporting its thread budget: torch's pool, OpenMP's setting, the threads
+    its OCR engines were built with."""
 
     def __init__(self, *, rank: int, world_size: int) -> None:
-        from rlrunner.rewards.engines import default_num_threads
+        from omegaconf import OmegaConf
 
-        self.threads = {"torch": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
-                        "ocr_engine": default_num_threads(1), "cores_visible": len(os.sched_getaffinity(0))}
+        from rlrunner.config.schema import EnvConfig
+        from rlrunner.workers.env import EnvWorker
+
+        env_cfg = OmegaConf.structured(EnvConfig)
+        for split in ("train", "eval"):
+            env_cfg[split].reward.update(model="ocr", engine="rapidocr", num_workers=1)
+        self.worker = EnvWorker(env_cfg, rank=rank, world_size=world_size)
 
     def report(self) -> dict:
-        return self.threads
+        engines = {split: s.reward.engines._kwargs["num_threads"] for split, s in self.worker.scorers.items()}
+        return {"torch": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"), "ocr_engines": engines,
+                "cores_visible": len(os.sched_getaffinity(0))}

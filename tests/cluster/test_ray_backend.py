@@ -123,12 +123,12 @@ def test_rank_0_holds_the_rendezvous_port_from_its_start_until_the_group_forms(c
 
 
 def test_an_env_worker_sizes_its_threads_to_its_cpu_reservation_not_the_node(cluster):
-    # cluster.cpus_per_worker=1 on a bundle of 3 CPUs: torch, OpenMP and an OCR engine get 1 thread, not every core
+    # cluster.cpus_per_worker=1 on a bundle of 3 CPUs: torch, OpenMP and the OCR engines get 1 thread, not every core
     group = cluster.spawn("env", ThreadReport, (0,))
     try:
         report = group.call("report")[0]
         assert report["cores_visible"] >= 2  # Ray does not narrow the affinity mask: the old sizing would use them
-        assert {k: report[k] for k in ("torch", "omp", "ocr_engine")} == {"torch": 1, "omp": "1", "ocr_engine": 1}
+        assert (report["torch"], report["omp"], report["ocr_engines"]) == (1, "1", {"train": 1, "eval": 1})
     finally:
         group.shutdown()
 
