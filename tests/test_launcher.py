@@ -36,8 +36,13 @@ def test_help_shows_the_launchers_usage_and_lists_recipes(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: bash examples/diffusion/run_diffusion.sh")
     recipes = sorted(p.stem for p in (ROOT / "examples/diffusion/config").glob("*.yaml"))
-    listed = [line.split()[0] for line in result.stdout.split("recipes:")[1].splitlines() if line.strip()]
+    listing = result.stdout.split("recipes:")[1].splitlines()
+    listed = [line.strip() for line in listing if line.startswith("  ") and not line.startswith("   ")]
     assert listed == recipes
+    # each description whole, from its first line to its last sentence
+    description = " ".join(line.strip() for line in listing[listing.index("  tiny_awm_ocr") + 1:
+                                                             listing.index("  tiny_nft_ocr")])
+    assert description.startswith("The default recipe: AWM") and description.endswith("only smaller.")
     assert not any(tmp_path.iterdir())
 
 
@@ -45,19 +50,30 @@ def test_unknown_recipe_lists_available_ones(tmp_path):
     result = launch("no_such_recipe", log_root=tmp_path)
     assert result.returncode == 2
     assert "no recipe named 'no_such_recipe'" in result.stderr
+    assert "/config. Available recipes: qwen_image_nft_ocr, " in result.stderr
     assert "tiny_nft_ocr" in result.stderr
     assert "Traceback" not in result.stderr
     assert not any(tmp_path.glob("*-no_such_recipe"))
 
 
-def test_misspelt_key_fails_naming_it(tmp_path):
+def test_misspelt_key_fails_naming_it_and_leaves_no_log_folder(tmp_path):
     result = launch("tiny_nft_ocr", "actor.optim.lrr=1", log_root=tmp_path)
-    output = result.stdout + result.stderr  # the launcher tees the run's output (both streams) to console.log
     assert result.returncode == 2
-    assert "actor.optim.lrr" in output and "did you mean 'actor.optim.lr'" in output
-    assert "Traceback" not in output
-    (run_dir,) = tmp_path.iterdir()
-    assert "did you mean 'actor.optim.lr'" in (run_dir / "console.log").read_text()
+    assert "actor.optim.lrr" in result.stderr and "did you mean 'actor.optim.lr'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())  # the run never started: nothing to look at
+
+
+def test_dry_run_before_the_recipe_name_prints_only_the_blocks_it_uses(tmp_path):
+    result = launch("--dry-run", "tiny_nft_ocr", "actor.optim.lr=1e-4", log_root=tmp_path)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["algorithm"]["name"] == "nft" and resolved["actor"]["optim"]["lr"] == 1e-4
+    assert [k for k in resolved["actor"]["model"] if isinstance(resolved["actor"]["model"][k], dict)] == ["tiny"]
+    assert not [k for k in resolved["algorithm"] if k.startswith(("awm_", "flow_grpo_"))]
+    assert {"nft_beta", "nft_tau"} <= set(resolved["algorithm"])
+    assert len(result.stdout.splitlines()) < 180  # 236 with every family and algorithm
+    assert not any(tmp_path.iterdir())
 
 
 def test_python_entry_point_dry_run_starts_nothing(tmp_path):
