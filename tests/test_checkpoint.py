@@ -188,7 +188,7 @@ def test_export_writes_a_diffusers_lora_folder(uninterrupted, tmp_path, capsys):
     exported = load_file(out / "pytorch_lora_weights.safetensors")
     original = load_file(uninterrupted / "checkpoints/global_step_6/adapter_ema/pytorch_lora_weights.safetensors")
     assert exported.keys() == original.keys() and all(torch.equal(exported[k], original[k]) for k in exported)
-    assert "load_lora_weights" in (out / "README.md").read_text()
+    assert "no diffusers pipeline" in (out / "README.md").read_text()  # the tiny model loads with rlrunner
     assert export_main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
 

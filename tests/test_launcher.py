@@ -14,9 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
 
 
+def clean_env() -> dict[str, str]:
+    """A fresh shell's environment: no virtualenv active or on PATH. scripts/env.sh then picks the project's .venv;
+    where the tests run in another environment (no .venv), PYTHON names it, as a user of their own would."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        env["PYTHON"] = sys.executable
+    return env
+
+
 def launch(*args: str, log_root: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
-           "HOME": os.environ.get("HOME", str(log_root))}
+    env = {**clean_env(), "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root)}
     return subprocess.run(["bash", str(LAUNCHER), *args], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True,
                           timeout=timeout)
@@ -111,14 +119,24 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
     assert not [line for line in console.splitlines() if "warn" in line.lower() or "[transformers]" in line]
     summary = console[console.index("rlrunner: done: 2 step(s) in "):].splitlines()
     assert summary[1].startswith("  held-out reward: ") and " at step 0 -> " in summary[1]
-    assert summary[2] == f"  TensorBoard:     tensorboard --logdir {run_dir / 'tensorboard'}"
+    assert summary[2] == f"  TensorBoard:     bin/rlrunner tensorboard --logdir {run_dir / 'tensorboard'}"
     assert summary[3] == f"  checkpoints:     {run_dir / 'checkpoints'}"
     export = summary[4].removeprefix("  export the LoRA: ")
-    assert export == f"python -m rlrunner.export {run_dir / 'checkpoints' / 'global_step_2'} --out {run_dir / 'lora'}"
-    exported = subprocess.run([sys.executable, *export.split()[1:]], check=False, cwd=ROOT, capture_output=True,
+    assert export == f"bin/rlrunner export {run_dir / 'checkpoints' / 'global_step_2'} --out {run_dir / 'lora'}"
+    # as printed, in a fresh shell: no virtualenv active or on PATH
+    exported = subprocess.run(["bash", "-c", export], check=False, cwd=ROOT, env=clean_env(), capture_output=True,
                               text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr
     assert (run_dir / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    assert console.startswith(f"rlrunner: logging to {run_dir}\n")  # the run's first line is in its log
+    command = (run_dir / "command.txt").read_text().splitlines()
+    assert command[0].startswith("bash ") and command[0].endswith("run_diffusion.sh runner.max_steps=2 "
+                                                                  "env.train.total_num_envs=16 "
+                                                                  "actor.global_batch_size=16 "
+                                                                  "env.eval.total_num_envs=8 "
+                                                                  "runner.val_check_interval=1 "
+                                                                  "runner.sample_log_interval=1")
+    assert command[1] == "# recipe: tiny_awm_ocr"
 
 
 @pytest.mark.slow
