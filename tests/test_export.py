@@ -41,7 +41,7 @@ def test_the_card_names_the_algorithm_and_the_absolute_base_model_and_files_are_
 
 def test_the_cards_rlrunner_snippet_loads_the_adapter_in_a_fresh_shell(awm_run, tmp_path):
     out = export_adapter(str(awm_run), str(tmp_path / "lora"))
-    snippet = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S).group(1)
+    snippet = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.DOTALL).group(1)
     check = (f"{snippet}\nassert images.shape[0] == 1 and images.dtype.name == 'uint8'\n"
              "torch.save(model.lora_state_dict('default'), 'loaded.pt')\n")
     done = subprocess.run([str(ROOT / "bin/rlrunner"), "python", "-c", check], cwd=tmp_path, env=clean_env(),
