@@ -127,7 +127,7 @@ class Runner:
             with timer("sync"):
                 if self.step % self.cfg.runner.weight_sync_interval == 0:
                     self.sync_weights()
-        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/nft_tau": tau,
+        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/ema_tau": tau,
                    **timer.metrics()}
         self.run_logger.scalars(metrics, self.step)
         if self.logs_samples_at(self.step):

@@ -77,7 +77,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(uninterrupted, monke
     full, second = train_metrics(uninterrupted), train_metrics(resumed)
     assert [m["step"] for m in second] == [4, 5, 6]
     for ours, reference in zip(second, full[3:]):
-        for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm", "train/actor/nft_tau"):
+        for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm", "train/actor/ema_tau"):
             assert ours[key] == reference[key], key
 
 
