@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,21 @@ def test_nft_cpu_recipe_learns_on_one_seed(tmp_path):
     evals = {r["step"]: r["eval/avg"] for r in records if "eval/avg" in r}
     assert sorted(evals) == [0, 20]
     assert evals[20] - evals[0] >= 0.015, evals
+
+
+def test_every_command_the_readme_prints_goes_through_the_projects_environment():
+    """In a fresh shell `python` lacks torch and `tensorboard` is not on PATH: README's commands are the launcher, the
+    test script or bin/rlrunner, and each bin/rlrunner subcommand it shows starts there (``--help``)."""
+    readme = (ROOT / "README.md").read_text()
+    commands = [line.removeprefix("$ ").strip() for block in re.findall(r"```(?:bash|text)\n(.*?)```", readme, re.DOTALL)
+                for line in block.splitlines() if line.strip() and not line.startswith((" ", "#"))]
+    commands += re.findall(r"`((?:python|tensorboard|bin/rlrunner) [^`]*)`", readme)
+    bare = [c for c in commands if c.split()[0] in ("python", "python3", "tensorboard", "ray")]
+    assert not bare, f"these fail in a fresh shell; use bin/rlrunner: {bare}"
+    subcommands = sorted({c.split()[1] for c in commands if c.startswith("bin/rlrunner ")})
+    assert {"export", "plan", "tensorboard", "train"} <= set(subcommands)
+    for sub in subcommands:
+        args = ["-c", "import torch, rlrunner"] if sub == "python" else ["--help"]
+        done = subprocess.run([str(ROOT / "bin/rlrunner"), sub, *args], cwd=ROOT, env=clean_env(),
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, (sub, done.stderr[-2000:])
