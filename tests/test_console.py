@@ -8,12 +8,14 @@ import io
 import os
 import pty
 import select
+import shlex
 import struct
 import subprocess
 import sys
 import termios
 
 from runner_helpers import SMALL_OVERRIDES, make_assets
+from test_launcher import clean_env
 from tqdm import tqdm
 
 from rlrunner.console import REPO_ROOT, ConsoleTee, command_prefix, report_step
@@ -53,16 +55,17 @@ def test_closing_commands_are_relative_from_the_repository_root_else_absolute(mo
     assert command_prefix("tensorboard") == f"{REPO_ROOT / 'bin' / 'rlrunner'} tensorboard"
 
 
-def test_on_a_terminal_the_run_draws_its_bar_and_console_log_stays_plain(tmp_path):
+def test_on_a_terminal_the_launched_run_draws_its_bar_and_console_log_stays_plain(tmp_path):
+    """bin/rlrunner train -> the launcher -> the run, on a pseudo-terminal as in an interactive shell."""
     model, data = make_assets(tmp_path)
-    log_dir = tmp_path / "run"
     overrides = [*SMALL_OVERRIDES, f"actor.model.model_path={model}", f"env.train.dataset.path={data}",
                  f"env.eval.dataset.path={data}", "runner.max_steps=2", "runner.val_check_interval=0",
                  "runner.save_interval=0", "runner.sample_log_interval=0"]
     main, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 columns wide
-    process = subprocess.Popen([sys.executable, "-m", "rlrunner.train", "--config-name", "tiny_nft_ocr", "--log-dir",
-                                str(log_dir), *overrides], cwd=REPO_ROOT, stdin=child, stdout=child, stderr=child)
+    command = ["bin/rlrunner", "train", "tiny_nft_ocr", *overrides]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env={**clean_env(), "RLRUNNER_LOG_ROOT": str(tmp_path / "logs")},
+                               stdin=child, stdout=child, stderr=child)
     os.close(child)
     seen = b""
     while True:  # read the terminal until the process closes it
@@ -77,7 +80,10 @@ def test_on_a_terminal_the_run_draws_its_bar_and_console_log_stays_plain(tmp_pat
     assert process.wait(timeout=60) == 0, seen.decode(errors="replace")[-3000:]
     screen = seen.decode(errors="replace")
     assert "\rtrain: 100%" in screen and "nft_loss=" in screen  # tqdm drew and redrew its bar
+    (log_dir,) = (tmp_path / "logs").iterdir()
     console = (log_dir / "console.log").read_text()
     assert console.startswith(f"rlrunner: logging to {log_dir}\n") and "\r" not in console
     assert "[step 1/2] reward " in console and "[step 2/2] reward " in console and ", nft_loss " in console
     assert "rlrunner: done: 2 step(s)" in console
+    typed, recipe = (log_dir / "command.txt").read_text().splitlines()
+    assert shlex.split(typed) == command and recipe == "# recipe: tiny_nft_ocr"  # the command as typed, then the recipe
