@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from tqdm import tqdm
 from rlrunner.checkpoint import complete_checkpoints
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class ConsoleTee:
@@ -34,7 +36,7 @@ class ConsoleTee:
         redraw = "\r" in data
         # a logging handler made during the run may outlive it (in-process callers): the log is closed by then
         if not redraw and not (self._after_redraw and data == "\n") and not self.log_file.closed:
-            self.log_file.write(data)
+            self.log_file.write(ANSI_ESCAPE.sub("", data))  # colours a library adds for the terminal (Ray's prefixes)
         self._after_redraw = redraw
         return self.stream.write(data)
 
