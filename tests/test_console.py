@@ -65,8 +65,8 @@ def test_on_a_terminal_the_launched_run_draws_its_bar_and_console_log_stays_plai
     main, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 columns wide
     command = ["bin/rlrunner", "train", "tiny_nft_ocr", *overrides]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env={**clean_env(), "RLRUNNER_LOG_ROOT": str(tmp_path / "logs")},
-                               stdin=child, stdout=child, stderr=child)
+    env = {**clean_env(), "RLRUNNER_LOG_ROOT": str(tmp_path / "logs")}
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=child, stdout=child, stderr=child)
     os.close(child)
     seen = b""
     while True:  # read the terminal until the process closes it
@@ -87,4 +87,4 @@ def test_on_a_terminal_the_launched_run_draws_its_bar_and_console_log_stays_plai
     assert "[step 1/2] reward " in console and "[step 2/2] reward " in console and ", nft_loss " in console
     assert "rlrunner: done: 2 step(s)" in console
     typed, recipe = (log_dir / "command.txt").read_text().splitlines()
-    assert shlex.split(typed) == command and recipe == "# recipe: tiny_nft_ocr"  # the command as typed, then the recipe
+    assert shlex.split(typed) == command and recipe == "# recipe: tiny_nft_ocr"  # as typed, then the recipe

@@ -166,8 +166,9 @@ def test_every_command_the_readme_prints_goes_through_the_projects_environment()
     """In a fresh shell `python` lacks torch and `tensorboard` is not on PATH: README's commands are the launcher, the
     test script or bin/rlrunner, and each bin/rlrunner subcommand it shows starts there (``--help``)."""
     readme = (ROOT / "README.md").read_text()
-    commands = [line.removeprefix("$ ").strip() for block in re.findall(r"```(?:bash|text)\n(.*?)```", readme, re.DOTALL)
-                for line in block.splitlines() if line.strip() and not line.startswith((" ", "#"))]
+    blocks = re.findall(r"```(?:bash|text)\n(.*?)```", readme, re.DOTALL)
+    commands = [line.removeprefix("$ ").strip() for block in blocks for line in block.splitlines()
+                if line.strip() and not line.startswith((" ", "#"))]
     commands += re.findall(r"`((?:python|tensorboard|bin/rlrunner) [^`]*)`", readme)
     bare = [c for c in commands if c.split()[0] in ("python", "python3", "tensorboard", "ray")]
     assert not bare, f"these fail in a fresh shell; use bin/rlrunner: {bare}"
