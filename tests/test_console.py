@@ -15,7 +15,7 @@ import sys
 import termios
 
 from runner_helpers import SMALL_OVERRIDES, make_assets
-from test_launcher import clean_env
+from shell_helpers import clean_env
 from tqdm import tqdm
 
 from rlrunner.console import REPO_ROOT, ConsoleTee, command_prefix, report_step

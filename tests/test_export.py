@@ -12,7 +12,7 @@ import pytest
 import torch
 from runner_helpers import small_recipe
 from safetensors.torch import load_file
-from test_launcher import ROOT, clean_env
+from shell_helpers import ROOT, clean_env
 
 from rlrunner.export import export_adapter, model_card
 from rlrunner.runner import run

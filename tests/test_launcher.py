@@ -1,7 +1,6 @@
 """The launcher end to end: run_diffusion.sh → python -m rlrunner.train, as a user calls it."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -9,19 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shell_helpers import ROOT, clean_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
-
-
-def clean_env() -> dict[str, str]:
-    """A fresh shell's environment: no virtualenv active or on PATH. scripts/env.sh then picks the project's .venv;
-    where the tests run in another environment (no .venv), PYTHON names it, as a user of their own would."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
-    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
-        env["PYTHON"] = sys.executable
-    return env
 
 
 def launch(*args: str, log_root: Path, timeout: int = 300) -> subprocess.CompletedProcess:
