@@ -81,11 +81,11 @@ def report_step(progress: tqdm, step: int, max_steps: int, metrics: dict[str, fl
 
 def command_prefix(module: str) -> str:
     """How the user's shell runs ``rlrunner.<module>`` with no environment active: ``bin/rlrunner <module>``, relative
-    from the repository root (where the launcher was started, ``RLRUNNER_CALLER_CWD``), else absolute; ``python -m``
-    for an installed package without the checkout's wrapper."""
+    from the repository root (where the launcher was started, ``RLRUNNER_CALLER_CWD``), else absolute. An installed
+    package has no wrapper; its environment is the user's own, active one."""
     wrapper = REPO_ROOT / "bin" / "rlrunner"
     if not wrapper.is_file():
-        return f"python -m rlrunner.{module}"
+        return "tensorboard" if module == "tensorboard" else f"python -m rlrunner.{module}"
     caller = Path(os.environ.get("RLRUNNER_CALLER_CWD") or os.getcwd()).resolve()
     return f"{'bin/rlrunner' if caller == REPO_ROOT else shlex.quote(str(wrapper))} {module}"
 
