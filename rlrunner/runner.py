@@ -126,7 +126,7 @@ class Runner:
             with timer("sync"):
                 if self.step % self.cfg.runner.weight_sync_interval == 0:
                     self.sync_weights()
-        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/nft_tau": tau,
+        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/ema_tau": tau,
                    **timer.metrics()}
         self.run_logger.scalars(metrics, self.step)
         if self.logs_samples_at(self.step):
@@ -292,7 +292,9 @@ class Runner:
         n = len(logged)
         images = logged.tensors["images"].numpy()
         per_sample = reward.avg.reshape(len(reward.avg), -1).mean(axis=1)
-        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step)
+        texts = reward.recognised_texts()  # what the OCR read: beside the target, it shows reward hacking
+        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step,
+                                texts=None if texts is None else texts[:n])
         if images.ndim == 5:
             video_cfg = self.cfg.env["eval" if tag.startswith("eval") else "train"].video_cfg
             out_dir = None
