@@ -14,7 +14,7 @@ import abc
 import contextlib
 import gc
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,28 @@ def load_pipeline(pipeline_cls: type, model_path: str, **kwargs: Any) -> Any:
         raise OSError(f"could not load {pipeline_cls.__name__} from {where} {model_path!r}: "
                       f"{str(err).splitlines()[0].rstrip('.')}. Without network access, download it first and point "
                       f"actor.model.model_path at the local folder") from err
+
+
+#: the pipeline components a denoiser-only model (the actor's) loads
+DENOISER_PARTS = ("transformer", "scheduler")
+
+
+def skipped_component_configs(model_path: str, index: dict[str, Any], names: Iterable[str]) -> dict[str, dict]:
+    """``config.json`` of each model component among ``names`` (``model_index.json`` entries a pipeline was loaded
+    without), as the loaded module's ``config.to_dict()`` would give it; tokenizers and processors have none."""
+    import importlib
+
+    from diffusers import ConfigMixin
+
+    configs = {}
+    for name in names:
+        library, class_name = index[name] if isinstance(index[name], (list, tuple)) else (None, None)
+        component_cls = getattr(importlib.import_module(library), class_name, None) if library else None
+        if isinstance(component_cls, type) and issubclass(component_cls, ConfigMixin):  # diffusers models
+            configs[name] = dict(component_cls.load_config(model_path, subfolder=name))
+        elif isinstance(component_cls, type) and issubclass(component_cls, nn.Module):  # transformers models
+            configs[name] = component_cls.config_class.from_pretrained(model_path, subfolder=name).to_dict()
+    return configs
 
 
 def resolution_hw(resolution: Any) -> tuple[int, int]:
@@ -134,13 +156,26 @@ class FlowModel(abc.ABC):
         self._negative_cond: Cond | None = None
 
     @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> FlowModel:
-        """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``."""
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
+             denoiser_only: bool = False) -> FlowModel:
+        """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``.
+
+        ``denoiser_only`` (the actor, which trains on the rollout's latents and conditioning): the pipeline is
+        loaded with the denoiser and scheduler alone; the text encoders, tokenizers and VAE are never read (only
+        their ``config.json``, for the sample shapes), so they take neither host nor device memory.
+        """
         import diffusers
 
         path = check_model_path(model_path, cls.pipeline_class_name, cls.model_type)
-        vae = load_pipeline(getattr(diffusers, cls.vae_class_name), path, subfolder="vae", dtype=torch.float32)
-        pipe = load_pipeline(getattr(diffusers, cls.pipeline_class_name), path, vae=vae, dtype=dtype)
+        pipeline_cls = getattr(diffusers, cls.pipeline_class_name)
+        if denoiser_only:
+            index = pipeline_cls.load_config(path)
+            skipped = {name: None for name in index if not name.startswith("_") and name not in DENOISER_PARTS}
+            pipe = load_pipeline(pipeline_cls, path, dtype=dtype, **skipped)
+            pipe.skipped_configs = skipped_component_configs(path, index, skipped)
+        else:
+            vae = load_pipeline(getattr(diffusers, cls.vae_class_name), path, subfolder="vae", dtype=torch.float32)
+            pipe = load_pipeline(pipeline_cls, path, vae=vae, dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, family_cfg, device=device, dtype=dtype)
 

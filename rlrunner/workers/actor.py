@@ -44,10 +44,9 @@ class ActorWorker:
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
         self.objective = build_objective(algorithm_cfg, self.family_cfg)
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
-        self.model = build_model(actor_cfg.model)
-        # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes
-        self.model.release_text_encoders()
-        self.model.release_vae()
+        # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes, so it
+        # loads neither text encoders nor VAE (not even into host memory)
+        self.model = build_model(actor_cfg.model, denoiser_only=True)
         init_distributed(rank, world_size, self.model.device.type)
         self.engine = parallelize(self.model, actor_cfg.strategy, world_size)
         self.params = self.model.trainable_parameters()  # after parallelize: FSDP2 swaps them for their shards
