@@ -31,7 +31,7 @@ def build_model(model_cfg: Any, denoiser_only: bool = False) -> FlowModel:
     ``denoiser_only``: without text encoders and VAE (the actor's model), which are then never read."""
     family_cfg = model_cfg[model_cfg.model_type]
     device = resolve_device(model_cfg.device)
-    dtype = resolve_dtype(model_cfg.precision, device)
+    dtype = resolve_dtype(model_cfg.precision, device, model_cfg.half_precision_on_cpu)
     return model_class(model_cfg.model_type).load(model_cfg.model_path, family_cfg, device=device, dtype=dtype,
                                                   denoiser_only=denoiser_only)
 
