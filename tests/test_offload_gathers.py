@@ -15,6 +15,7 @@ from offload_probe import LOG_DIR_ENV
 from runner_helpers import small_recipe
 
 from rlrunner.runner import run
+from rlrunner.workers.actor import ActorWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,3 +53,21 @@ def test_eval_then_save_gathers_on_the_device_with_fsdp2_and_offload(tmp_path):
         after = names[eval_offload + 1:]
         assert after[0] == "onload" and after.count("redistribute") >= 4, names
         assert "all_gather_single" in names[:eval_offload]  # FSDP2's own gathers in the update were seen too
+
+
+def test_a_gathering_call_on_an_offloaded_actor_brings_it_back_for_that_call_only(tmp_path, monkeypatch):
+    """Whoever calls (not only the runner, which hands the device back first): an offloaded actor gathers on its
+    device and returns to host memory after."""
+    cfg = small_recipe(tmp_path)
+    actor = ActorWorker(cfg.actor, cfg.algorithm, num_train_steps=1)
+    moves = []  # offload_transformer(offload) calls: True = to host memory, False = back to the device
+    monkeypatch.setattr(type(actor.model), "offload_transformer", lambda model, offload: moves.append(offload))
+    actor.offload()
+    for method in ("lora_weights", "state_dict"):
+        moves.clear()
+        assert getattr(actor, method)() is not None
+        assert moves == [False, True] and actor.offloaded, method
+    actor.onload()
+    moves.clear()
+    actor.save_adapters(str(tmp_path / "adapters"))
+    assert moves == [] and not actor.offloaded  # on the device already: nothing moves
