@@ -6,13 +6,11 @@ EMA → weight sync (LoRA tensors only) → log → eval → checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
@@ -33,6 +31,7 @@ from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_prompts
+from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class
@@ -75,10 +74,8 @@ class Runner:
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
         self.reward_failures_in_a_row = 0
-        # collocated actor and rollout take turns on the device when the recipe asks for offloading
         self.loss_key = objective_class(alg.name).loss_key  # the metric the step line reports as "loss"
-        self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
-        self.device_holder: str | None = None  # which of them has the device while they swap (None: both, at start)
+        self.turns = DeviceTurns.for_placement(self.actor, self.rollout, placement, cfg.cluster.enable_offload)
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
         self.ahead: RolloutAhead | None = None
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
@@ -172,7 +169,7 @@ class Runner:
         The rollout shards' parts stay with the workers (Ray's object store): images go to the env workers, the
         training part to the actor in :meth:`update`; the driver fetches only the samples it logs.
         """
-        self.hand_device_to("rollout")
+        self.turns.hand_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
@@ -233,32 +230,11 @@ class Runner:
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 
-    def hand_device_to(self, role: str) -> None:
-        """With ``cluster.enable_offload``, move the other collocated model to host memory first."""
-        if self.swap_models and self.device_holder != role:
-            idle, active = (self.actor, self.rollout) if role == "rollout" else (self.rollout, self.actor)
-            idle.call("offload")
-            active.call("onload")
-            self.device_holder = role
-
-    def actor_call(self, method: str, *args: Any) -> list[Any]:
-        """Call an actor method that gathers its adapters or optimizer state, with the actor on its device.
-
-        Gathers happen on the device the process group was set up for: NCCL has no host-memory path, so an actor
-        offloaded for the rollout (an eval right before a save) is first handed the device back, the rollout
-        going to host memory first, which keeps one model at a time on the device and one backend per group.
-        The next rollout hands the device over again. (The worker would bring itself back too, see
-        :meth:`ActorWorker.on_device`, but with the rollout still on the device.)
-        """
-        if self.device_holder == "rollout":
-            self.hand_device_to("actor")
-        return self.actor.call(method, *args)
-
     def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
         """Train on the step's samples in a seeded order: optimizer step k takes the k-th ``global_batch_size``
         window of the permutation and rank r the r-th equal slice of each window, as sample indices with their
         positions and advantages, plus the handles of every rollout shard's training part (it fetches them itself)."""
-        self.hand_device_to("actor")
+        self.turns.hand_to("actor")
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
         order = torch.randperm(rollout.num_samples, generator=generator)
         # positions in the shuffled order, cut into optimizer-step windows shared by the ranks; a sample's position
@@ -275,35 +251,23 @@ class Runner:
 
     def sync_weights(self) -> None:
         """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
-        self.rollout_adapters = self.actor_call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
+        self.rollout_adapters = self.turns.actor_call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
         self.rollout.call("sync_weights", self.rollout_adapters)
         self.synced_step = self.step
-
-    @contextlib.contextmanager
-    def trained_adapter_on_rollout(self) -> Iterator[None]:
-        """Evals score the trained adapter whatever ``runner.weight_sync_interval`` is.
-
-        Between syncs the rollout workers hold the last sync's adapters: the actor's trained one is sent for the
-        block, then the last sync's is put back, so that training rollouts keep sampling with it until the next
-        sync (the interval's meaning is unchanged). Right after a sync nothing is sent.
-        """
-        if self.synced_step == self.step:
-            yield
-            return
-        trained = self.actor_call("lora_weights")[0][TRAINED_ADAPTER]
-        self.rollout.call("sync_weights", {TRAINED_ADAPTER: trained})
-        try:
-            yield
-        finally:
-            self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.rollout_adapters[TRAINED_ADAPTER]})
 
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
         tqdm.write(eval_line(self.step, len(self.eval_prompts), self.cfg.actor.model), file=sys.stderr)
-        with timer("eval"), self.trained_adapter_on_rollout():
+        with timer("eval"):
+            # between weight syncs (runner.weight_sync_interval > 1) the rollout holds the last sync's adapters: the
+            # eval scores the trained one, then training rollouts go on with the last sync's until the next sync
+            if stale := self.synced_step != self.step:
+                self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.turns.actor_call("lora_weights")[0][TRAINED_ADAPTER]})
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
+            if stale:
+                self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.rollout_adapters[TRAINED_ADAPTER]})
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", rollout.logged, reward)
@@ -346,9 +310,9 @@ class Runner:
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
         path = save_checkpoint(
-            root, self.step, runner_state=state, actor_states=self.actor_call("state_dict")[:1],  # rank-independent
+            root, self.step, runner_state=state, actor_states=self.turns.actor_call("state_dict")[:1],  # rank-independent
             config_yaml=to_yaml(self.cfg), model_info=self.model_info,
-            write_adapters=lambda d: self.actor_call("save_adapters", str(d)),
+            write_adapters=lambda d: self.turns.actor_call("save_adapters", str(d)),
             keep_last_n=self.cfg.runner.keep_last_n,
         )
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
@@ -363,7 +327,7 @@ class Runner:
             return
         path = resolve_resume_dir(resume_dir, log_root, run_name)
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
-        self.actor_call("load_state_dict", ckpt["actor"][0])
+        self.turns.actor_call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]
