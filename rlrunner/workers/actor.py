@@ -159,11 +159,10 @@ class ActorWorker:
         """The denoiser and optimizer state on the device for the block, and back in host memory after it if they
         were offloaded.
 
-        Everything that gathers adapters or optimizer state runs in it: the process group's backend is the
-        device's (NCCL has no host-memory path), so a host tensor must never reach a collective. Bringing the
-        actor back keeps one backend per group; a device-mapped ``cpu:gloo,cuda:nccl`` group would gather from
-        host memory instead, but over a second, slower transport. The runner hands the actor the device before
-        such calls (rollout offloaded first), so here this is a no-op; it guards any other caller.
+        Everything that gathers (or loads) adapters or optimizer state runs in it: the process group's backend is
+        the device's (NCCL has no host-memory path), so a host tensor must never reach a collective (why not a
+        ``cpu:gloo,cuda:nccl`` group: :class:`rlrunner.device_turns.DeviceTurns`). The runner hands the actor the
+        device before such calls, the rollout leaving it first, so there this is a no-op; it guards other callers.
         """
         offloaded = self.offloaded
         if offloaded:
