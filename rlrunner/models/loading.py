@@ -47,10 +47,11 @@ def check_model_path(model_path: str, pipeline_class_name: str, model_type: str)
     return model_path
 
 
-def load_pipeline(pipeline_cls: type, model_path: str, **kwargs: Any) -> Any:
-    """``pipeline_cls.from_pretrained(model_path, **kwargs)`` with an error that names the path on failure."""
+def load_pipeline(pipeline_cls: type, model_path: str, method: str = "from_pretrained", **kwargs: Any) -> Any:
+    """``pipeline_cls.from_pretrained(model_path, **kwargs)`` (or its ``load_config``) with an error that names the
+    path on failure."""
     try:
-        return pipeline_cls.from_pretrained(model_path, **kwargs)
+        return getattr(pipeline_cls, method)(model_path, **kwargs)
     except (OSError, ValueError) as err:
         where = "folder" if Path(model_path).expanduser().is_dir() else "hub id (no local folder of that name)"
         raise OSError(f"could not load {pipeline_cls.__name__} from {where} {model_path!r}: "
@@ -69,7 +70,7 @@ def load_family_pipeline(family: Any, model_path: str, dtype: torch.dtype, denoi
     if not denoiser_only:
         vae = load_pipeline(getattr(diffusers, family.vae_class_name), path, subfolder="vae", dtype=torch.float32)
         return load_pipeline(pipeline_cls, path, vae=vae, dtype=dtype)
-    index = pipeline_cls.load_config(path)
+    index = load_pipeline(pipeline_cls, path, "load_config")
     skipped = {name: None for name in index if not name.startswith("_") and name not in DENOISER_PARTS}
     pipe = load_pipeline(pipeline_cls, path, dtype=dtype, **skipped)
     pipe.skipped_configs = skipped_component_configs(path, index, skipped)

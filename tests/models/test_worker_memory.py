@@ -124,3 +124,15 @@ def test_released_text_encoders_and_vae_are_freed(load_tiny):
     assert all(ref() is None for ref in refs)  # no reference left anywhere: collected, not just moved
     with pytest.raises(RuntimeError, match="text encoders were released"):
         model.encode_prompts(["a"])
+
+
+def test_a_denoiser_only_load_of_an_unreachable_hub_id_names_the_id(tiny_model_cfg, monkeypatch):
+    import huggingface_hub.constants
+
+    from rlrunner.models import build_model
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once, no network retries
+    cfg = tiny_model_cfg("sd3")
+    cfg.model_path = "rlrunner-test/no-such-model"
+    with pytest.raises(OSError, match="could not load StableDiffusion3Pipeline from hub id .*rlrunner-test/no-such"):
+        build_model(cfg, denoiser_only=True)
