@@ -47,22 +47,27 @@ def test_half_precision_on_cpu_keeps_bf16_for_the_base_and_float32_for_lora(tiny
     assert resolve_dtype("bf16", cpu) == torch.float32  # the default: half precision falls back to fp32 on CPU
 
 
-@pytest.mark.parametrize("model_type", list(RECIPES))  # about 5 s each
-def test_family_recipe_trains_two_bf16_steps_on_cpu_through_the_launcher(model_type, tiny_dirs, tmp_path):
+def _launch(model_type: str, model_path: Path, log_root: Path, half_on_cpu: bool) -> tuple[Path, list[dict]]:
+    """The family recipe through run_diffusion.sh at ``precision: bf16``; the run folder and its metrics."""
     recipe, family = RECIPES[model_type]
     prefix = f"actor.model.{model_type}"
-    overrides = [f"actor.model.model_path={tiny_dirs(model_type)}", "actor.model.device=cpu",
-                 "actor.model.precision=bf16", "actor.model.half_precision_on_cpu=true",
+    overrides = [f"actor.model.model_path={model_path}", "actor.model.device=cpu", "actor.model.precision=bf16",
+                 f"actor.model.half_precision_on_cpu={str(half_on_cpu).lower()}",
                  *(f"{prefix}.{key}={value}" for key, value in family.items()),
                  f"{prefix}.lora_rank=4", f"{prefix}.lora_alpha=8", f"{prefix}.num_steps=2", f"{prefix}.eval_num_steps=2",
                  *STEP]
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(tmp_path),
-           "HOME": os.environ.get("HOME", str(tmp_path))}
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
+           "HOME": os.environ.get("HOME", str(log_root))}
     result = subprocess.run(["bash", str(ROOT / "examples/diffusion/run_diffusion.sh"), recipe, *overrides], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = tmp_path.iterdir()
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (run_dir,) = log_root.iterdir()
+    return run_dir, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("model_type", list(RECIPES))  # 2 runs of about 5 s each
+def test_family_recipe_trains_two_bf16_steps_on_cpu_through_the_launcher(model_type, tiny_dirs, tmp_path):
+    run_dir, records = _launch(model_type, tiny_dirs(model_type), tmp_path / "bf16", half_on_cpu=True)
     steps = [r for r in records if "train/actor/nft_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -70,3 +75,7 @@ def test_family_recipe_trains_two_bf16_steps_on_cpu_through_the_launcher(model_t
         assert r["train/actor/nonfinite"] == 0
     assert any("eval/avg" in r for r in records)
     assert (run_dir / "checkpoints/global_step_2/adapter").is_dir()
+    # the same command without the flag computes in fp32 (the CPU default): other numbers, so bf16 really ran
+    _, fp32 = _launch(model_type, tiny_dirs(model_type), tmp_path / "fp32", half_on_cpu=False)
+    fp32_losses = [r["train/actor/nft_loss"] for r in fp32 if "train/actor/nft_loss" in r]
+    assert len(fp32_losses) == 2 and fp32_losses[0] != steps[0]["train/actor/nft_loss"]
