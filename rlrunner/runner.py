@@ -265,7 +265,8 @@ class Runner:
             # between weight syncs (runner.weight_sync_interval > 1) the rollout holds the last sync's adapters: the
             # eval scores the trained one, then training rollouts go on with the last sync's until the next sync
             if stale := self.synced_step != self.step:
-                self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.turns.actor_call("lora_weights")[0][TRAINED_ADAPTER]})
+                trained = self.turns.actor_call("lora_weights")[0][TRAINED_ADAPTER]
+                self.rollout.call("sync_weights", {TRAINED_ADAPTER: trained})
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
             if stale:
