@@ -31,11 +31,12 @@ from rlrunner.cluster.base import (
     last_line,
     split_parts,
 )
-from rlrunner.cluster.distributed import find_free_port, worker_env
+from rlrunner.cluster.distributed import bind_rendezvous, worker_env
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
+from rlrunner.utils.threads import apply_thread_budget, thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
@@ -50,9 +51,10 @@ class _WorkerHost:
     def __init__(self) -> None:
         self.worker: Any = None
 
-    def node_info(self) -> dict[str, Any]:
-        """Where this actor runs (node IP and id, the accelerator Ray gave it) and a free port on the node
-        (used as MASTER_PORT when this is rank 0)."""
+    def node_info(self, rendezvous: bool) -> dict[str, Any]:
+        """Where this actor runs (node IP and id, the accelerator Ray gave it) and, for rank 0 (``rendezvous``), the
+        port of the rendezvous store it binds now and holds (MASTER_PORT: nothing can take it before the group
+        forms, see :mod:`rlrunner.cluster.distributed`)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -60,11 +62,13 @@ class _WorkerHost:
         device = next((f"{kind}:{','.join(accelerators[name])}" for name, kind in _TORCH_KIND.items()
                        if accelerators.get(name)), "cpu")
         return {"node_ip": ray.util.get_node_ip_address(), "node_id": context.get_node_id(), "device": device,
-                "port": find_free_port()}
+                "port": bind_rendezvous() if rendezvous else None}
 
     def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
-        """Set the env vars, then build ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
+        """Set the env vars (torch.distributed's and the thread budget's), then build
+        ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
         os.environ.update(env)
+        apply_thread_budget()  # the worker's threads follow its CPU reservation, not the node's core count
         self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
 
     def execute(self, method: str, payload: tuple[tuple, dict], parts: Sequence[Callable] | None = None) -> Any:
@@ -323,12 +327,14 @@ class RayCluster(Cluster):
             serial = next(_SPAWNS)
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
             unknown = ["(node not known yet)"] * len(hosts)
-            started = [(rank, h.node_info.remote()) for rank, h in enumerate(hosts)]
+            started = [(rank, h.node_info.remote(rank == 0)) for rank, h in enumerate(hosts)]
             infos = gather(role, unknown, "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
             master = (ips[0], infos[0]["port"])
+            threads = thread_env(self.cpus_per_worker)
             refs = [
-                (rank, host.construct.remote(self._env(rank, node_ids, *master), worker_cls, args, kwargs))
+                (rank, host.construct.remote({**self._env(rank, node_ids, *master), **threads}, worker_cls, args,
+                                             kwargs))
                 for rank, host in enumerate(hosts)
             ]
             gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s)
