@@ -196,7 +196,9 @@ _REWARD = {
     "use_gpu": Free("bool"),
     "lang": Free("an OCR language code, passed to the engine, which rejects unknown ones when it loads"),
     "rec_only": Free("bool"),
-    "frame_interval": Range(low=0, meaning="frames per chunk reward; 0 = one reward per frame"),
+    # >= 1 on every recipe: the video check (validate._check_video) runs only when num_frames > 1, so a range that
+    # let 0 through ("one reward per frame", which never matches a video's latent frames) passed on image recipes
+    "frame_interval": Range(low=1, meaning="frames per chunk reward; 4 = the video VAE's temporal compression"),
     "batch_size": POSITIVE_INT,
     "num_workers": POSITIVE_INT,
     "weight": Range(meaning="weight of this part in a multi reward"),

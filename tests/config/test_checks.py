@@ -45,6 +45,9 @@ def test_recipe_error_lives_in_its_own_module():
     ("actor.model.tiny.lora_alpha=0", "actor.model.tiny.lora_alpha=0 must be a number > 0"),
     ("env.eval.reward.timeout_s=0", "env.eval.reward.timeout_s=0.0 must be a number > 0"),
     ("env.train.reward.batch_size=0", "env.train.reward.batch_size=0 must be a number >= 1"),
+    # an image recipe never chunks frames, so only this key check stops a frame_interval of 0 (train and held-out)
+    ("env.eval.reward.frame_interval=0", "env.eval.reward.frame_interval=0 must be a number >= 1 (frames per chunk"),
+    ("env.train.reward.frame_interval=0", "env.train.reward.frame_interval=0 must be a number >= 1"),
     ("runner.seed=-1", "runner.seed=-1 must be a number >= 0 and <= 4.29497e+09"),
     ("algorithm.nft_clip_ratio=0", "algorithm.nft_clip_ratio=0.0 must be a number > 0 or null"),
     # paths that must exist
