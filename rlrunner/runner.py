@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator
@@ -66,7 +66,8 @@ class Runner:
                                      algorithm_cfg=alg)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
-        self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
+        self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends), run.logger.project_name,
+                                    run.logger.experiment_name, OmegaConf.to_container(cfg, resolve=True))
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0

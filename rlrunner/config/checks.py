@@ -274,6 +274,7 @@ KEY_CHECKS: dict[str, Check] = {
     "runner.seed": SEED,
     "runner.logger.log_path": Free("a folder, created at start"),
     "runner.logger.experiment_name": Free("any text"),
+    "runner.logger.project_name": Free("any text"),
     "runner.logger.logger_backends": Each(Choice(_registry("rlrunner.logger", "LOGGER_BACKENDS"))),
     "algorithm.name": Choice(_registry("rlrunner.objectives", "OBJECTIVES")),
     "algorithm.group_size": Range(low=2, meaning="group-relative advantages need 2 or more samples per prompt"),

@@ -38,8 +38,11 @@ class ClusterConfig:
 @dataclass
 class LoggerConfig:
     log_path: str = "logs"
-    # accepted for compatibility with RLinf recipes, not read: the run folder is named by the recipe file
+    # the run's name in wandb, swanlab and mlflow (empty: the run folder's name); the run folder is named by the
+    # recipe file
     experiment_name: str = ""
+    # the project (wandb, swanlab) or experiment (mlflow) that the run is filed under
+    project_name: str = "rlrunner"
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
 
 

@@ -82,6 +82,15 @@ def _check_awm(cfg: DictConfig) -> None:
               f"and a fraction >= 1/num_steps, or algorithm.awm_timesteps=uniform")
 
 
+def _check_logger(cfg: DictConfig) -> None:
+    """Each tracker in runner.logger.logger_backends is installed: found here, before any worker starts."""
+    from rlrunner.logger_backends import install_hint, missing
+
+    absent = missing(list(cfg.runner.logger.logger_backends))
+    if absent:
+        _fail(install_hint(absent[0]))
+
+
 def _is_local_path(value: str) -> bool:
     return value.startswith((".", "/", "~")) or Path(value).expanduser().exists() or value.count("/") != 1
 
@@ -196,6 +205,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_flow_grpo(cfg)
     _check_awm(cfg)
     _check_model(cfg, base_dir)
+    _check_logger(cfg)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)
     train_parts = _check_reward(cfg, "train", ctx)

@@ -33,7 +33,7 @@ def test_recipe_error_lives_in_its_own_module():
     ("env.eval.reward.engine=tesseract", "env.eval.reward.engine='tesseract' is not valid; choose one of ['auto'"),
     ("actor.model.tiny.train_sampler=dpm3", "actor.model.tiny.train_sampler='dpm3' is not valid"),
     ("algorithm.nft_weight_mode=adaptiv", "(did you mean 'adaptive'?)"),
-    ("runner.logger.logger_backends=[wandb]", "runner.logger.logger_backends=['wandb'] has item 'wandb' that is not"),
+    ("runner.logger.logger_backends=[wandbb]", "has item 'wandbb' that is not valid (did you mean 'wandb'?)"),
     # numeric ranges that would divide by zero, loop forever or diverge
     ("runner.weight_sync_interval=0", "runner.weight_sync_interval=0 must be a number >= 1"),
     ("actor.optim.adam_beta2=1.0", "actor.optim.adam_beta2=1.0 must be a number >= 0 and < 1"),
@@ -101,3 +101,13 @@ def test_multi_reward_parts_are_checked_like_rewards(recipe_dir):
     write_recipe(recipe_dir, "bad_key", multi([{"model": "ocr", "engin": "rapidocr"}]))
     with pytest.raises(RecipeError, match=r"rewards\[0\].engin is not a reward key \(did you mean 'engine'\?\)"):
         load(recipe_dir, name="bad_key")
+
+
+def test_a_logger_backend_that_is_not_installed_stops_the_recipe_with_its_install_line(recipe_dir, monkeypatch):
+    from rlrunner import logger_backends
+
+    monkeypatch.setitem(logger_backends.PACKAGES, "swanlab", ("swanlab_not_installed_here", "swanlab"))
+    with pytest.raises(RecipeError) as err:
+        load(recipe_dir, "runner.logger.logger_backends=[tensorboard,swanlab]")
+    assert str(err.value) == ("runner.logger.logger_backends has 'swanlab' but swanlab is not installed; pip install "
+                              "swanlab (or pip install -r requirements/loggers.txt), or drop 'swanlab' from the list")
