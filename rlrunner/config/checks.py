@@ -239,9 +239,10 @@ _FAMILY = {
 _SPLIT = {
     "total_num_envs": POSITIVE_INT,
     "rollout_epoch": POSITIVE_INT,
-    "dataset.type": Choice(_fixed("ocr")),  # prompt text files (rlrunner/data/prompts.py)
+    "dataset.type": Choice(_fixed("ocr")),  # prompt files (rlrunner/data/prompts.py)
     "dataset.path": Elsewhere("_check_env (with dataset.split; skipped by tools that read no prompts)"),
-    "dataset.split": Elsewhere("_check_env (<split>.txt must exist in dataset.path)"),
+    "dataset.split": Elsewhere("_check_env (<split>.txt, .jsonl or .parquet must exist in dataset.path)"),
+    "dataset.prompt_key": Elsewhere("_check_env (each record of a .jsonl or .parquet dataset.path must have it)"),
     **{f"reward.{key}": check for key, check in _REWARD.items()},
     "video_cfg.save_video": Free("bool"),
     "video_cfg.video_base_dir": Free("a folder, created when videos are saved"),

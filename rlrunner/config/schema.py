@@ -140,9 +140,11 @@ class AlgorithmConfig:
 @dataclass
 class DatasetConfig:
     type: str = "ocr"  # text prompt files; accepted for compatibility with RLinf recipes, ocr is the only value
-    # a directory with <split>.txt, or a .txt file
+    # a directory with <split>.txt (or .jsonl / .parquet), or a .txt, .jsonl or .parquet file
     path: str = ""
     split: str = "train"
+    # the prompt's key (.jsonl) or column (.parquet); the other keys are per-prompt metadata for the rewards
+    prompt_key: str = "prompt"
 
 
 @dataclass

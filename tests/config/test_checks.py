@@ -111,3 +111,16 @@ def test_a_logger_backend_that_is_not_installed_stops_the_recipe_with_its_instal
         load(recipe_dir, "runner.logger.logger_backends=[tensorboard,swanlab]")
     assert str(err.value) == ("runner.logger.logger_backends has 'swanlab' but swanlab is not installed; pip install "
                               "swanlab (or pip install -r requirements/loggers.txt), or drop 'swanlab' from the list")
+
+
+def test_prompt_files_are_read_when_the_recipe_is_checked(recipe_dir, tmp_path: Path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a sign that says \\"ab\\""}\n{"prompt": "b"\n')
+    with pytest.raises(RecipeError) as err:
+        load(recipe_dir, f"env.eval.dataset.path={bad}")
+    assert str(err.value).startswith(f"env.eval.dataset.path={str(bad)!r}: {bad}:2: not valid JSON")
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "a sign that says \\"ab\\"", "tag": "ocr"}\n')
+    with pytest.raises(RecipeError, match=r"good.jsonl:1: no 'prompt' key \(keys: \['tag', 'text'\]\)"):
+        load(recipe_dir, f"env.train.dataset.path={good}")
+    assert load(recipe_dir, f"env.train.dataset.path={good}", "env.train.dataset.prompt_key=text")
