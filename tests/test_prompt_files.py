@@ -102,3 +102,43 @@ def test_env_worker_hands_each_sample_its_prompts_metadata():
     ticket = worker.submit([[(part, 0, 3)], [(part, 3, 5)]], "train")  # two slices, one per scorer thread
     assert worker.collect(ticket).avg.tolist() == [0.25, 0.25, 0.75, 0.0, 0.75]
     worker.close()
+
+
+@pytest.mark.slow
+def test_a_run_rewards_jsonl_metadata_and_logs_to_every_backend(tmp_path: Path, monkeypatch):
+    """One tiny step: the held-out and training rewards read each prompt's record; the trackers get the scalars."""
+    from runner_helpers import small_recipe, train_metrics
+
+    from rlrunner.logger_backends import missing
+    from rlrunner.runner import run
+
+    backends = ["tensorboard", *(b for b in ("wandb", "swanlab", "mlflow") if not missing([b]))]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    train = _jsonl(tmp_path / "train.jsonl", [json.dumps({"prompt": f'a sign that says "{n}"', "score": s})
+                                              for n, s in ((12, 0.25), (34, 0.75))])
+    test = _jsonl(tmp_path / "test.jsonl", [json.dumps({"prompt": f'a label "{n}"', "score": 1.0}) for n in range(4)])
+    cfg = small_recipe(tmp_path, f"env.train.dataset.path={train}", f"env.eval.dataset.path={test}",
+                       "env.train.reward.model=metadata_probe", "env.eval.reward.model=metadata_probe",
+                       "runner.max_steps=1", "runner.save_interval=0", "runner.val_before_train=false",
+                       f"runner.logger.logger_backends={backends}".replace("'", ""),
+                       "runner.logger.project_name=prompts", "runner.logger.experiment_name=jsonl")
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    run(cfg, log_dir)
+    (step,) = train_metrics(log_dir)
+    assert step["env/avg"] == 0.5  # 4 samples of each prompt, scored 0.25 and 0.75 by their records
+    evaluated = [m for m in (json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines())
+                 if "eval/avg" in m]
+    assert [m["eval/avg"] for m in evaluated] == [1.0]
+    if "mlflow" in backends:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=f"file:{log_dir / 'mlruns'}")
+        (mlflow_run,) = client.search_runs([client.get_experiment_by_name("prompts").experiment_id])
+        assert mlflow_run.info.run_name == "jsonl"
+        assert [m.value for m in client.get_metric_history(mlflow_run.info.run_id, "env/avg")] == [0.5]
+    assert ("wandb" in backends) == bool(list(log_dir.glob("wandb/offline-run-*/run-*.wandb")))
+    assert ("swanlab" in backends) == bool(list(log_dir.glob("swanlog/run-*/run-*.swanlab")))
