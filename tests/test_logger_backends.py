@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rlrunner import logger_backends
+from rlrunner.config.schema import LoggerConfig
 from rlrunner.logger import RunLogger
 
 IMAGES = np.full((2, 8, 8, 3), 200, np.uint8)
@@ -15,7 +16,8 @@ PROMPTS = ['a sign that says "ab"', 'a sign that says "cd"']
 
 
 def _log_a_run(log_dir: Path, backend: str) -> None:
-    run_logger = RunLogger(log_dir, [backend], project="proj", name="exp", config={"actor": {"lr": 0.001}})
+    cfg = LoggerConfig(logger_backends=[backend], project_name="proj", experiment_name="exp")
+    run_logger = RunLogger(log_dir, cfg, config={"actor": {"lr": 0.001}})
     run_logger.scalars({"train/loss": 0.5}, step=3)
     run_logger.scalars({"train/loss": 0.25}, step=4)
     run_logger.samples("samples/train", IMAGES, PROMPTS, np.array([0.1, 0.9]), step=4)
@@ -103,4 +105,4 @@ def test_a_backend_that_is_not_installed_raises_its_install_line(tmp_path: Path,
     monkeypatch.setitem(logger_backends.PACKAGES, "wandb", ("wandb_not_installed_here", "wandb"))
     assert logger_backends.missing(["tensorboard", "wandb", "mlflow"]) == ["wandb"]
     with pytest.raises(ImportError, match=r"has 'wandb' but wandb is not installed; pip install wandb \(or pip"):
-        RunLogger(tmp_path, ["wandb"])
+        RunLogger(tmp_path, LoggerConfig(logger_backends=["wandb"]))

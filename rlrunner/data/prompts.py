@@ -63,9 +63,12 @@ def load_prompt_set(path: str | Path, split: str, prompt_key: str = "prompt") ->
 
 
 def load_datasets(env_cfg: Any) -> dict[str, PromptSet]:
-    """The ``train`` and ``eval`` prompt sets of the recipe's ``env`` section."""
-    return {split: load_prompt_set(env_cfg[split].dataset.path, env_cfg[split].dataset.split,
+    """The ``train`` and ``eval`` prompt sets of the recipe's ``env`` section; the held-out set is the first
+    ``env.eval.total_num_envs`` prompts of its file."""
+    sets = {split: load_prompt_set(env_cfg[split].dataset.path, env_cfg[split].dataset.split,
                                    env_cfg[split].dataset.prompt_key) for split in ("train", "eval")}
+    held_out, n = sets["eval"], env_cfg.eval.total_num_envs
+    return {"train": sets["train"], "eval": PromptSet(held_out.prompts[:n], held_out.metadata[:n])}
 
 
 def load_prompts(path: str | Path, split: str, prompt_key: str = "prompt") -> list[str]:
