@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from rlrunner.batch import Batch
 from rlrunner.config.schema import EnvConfig
 from rlrunner.data.prompts import PromptSet, load_prompt_set, load_prompts
-from rlrunner.rewards import Reward, RewardOutput, register_reward
+from rlrunner.rewards import Reward, RewardOutput, build_reward, register_reward
 from rlrunner.workers.env import EnvWorker
 
 RECORDS = [{"prompt": 'a sign that says "ab"', "tag": "single_object", "include": [{"class": "sign", "count": 1}]},
@@ -90,7 +90,8 @@ class MetadataProbe(Reward):
     uses_metadata = True
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict] | None = None) -> RewardOutput:
-        return RewardOutput(avg=np.array([m.get("score", 0.0) for m in metadata], np.float32))
+        avg = np.array([m.get("score", 0.0) for m in metadata], np.float32)
+        return RewardOutput(avg=avg, parts={self.name: avg})
 
 
 def test_env_worker_hands_each_sample_its_prompts_metadata():
@@ -102,6 +103,15 @@ def test_env_worker_hands_each_sample_its_prompts_metadata():
     ticket = worker.submit([[(part, 0, 3)], [(part, 3, 5)]], "train")  # two slices, one per scorer thread
     assert worker.collect(ticket).avg.tolist() == [0.25, 0.25, 0.75, 0.0, 0.75]
     worker.close()
+
+
+def test_a_multi_reward_passes_metadata_to_the_parts_that_ask():
+    multi = build_reward({"type": "multi", "rewards": [{"model": "metadata_probe", "weight": 3.0},
+                                                        {"model": "image_stats", "weight": 1.0}]})
+    images = np.zeros((2, 16, 16, 3), np.uint8)  # flat: image_stats scores 0
+    out = multi(images, ["a", "b"], metadata=[{"score": 1.0}, {}])
+    assert multi.uses_metadata and out.parts["metadata_probe"].tolist() == [1.0, 0.0]
+    assert out.avg.tolist() == [0.75, 0.0]  # (3 x probe + 1 x image_stats) / 4
 
 
 @pytest.mark.slow
