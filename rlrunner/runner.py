@@ -283,7 +283,7 @@ class Runner:
     @staticmethod
     def reward_metrics(prefix: str, reward: RewardOutput) -> dict[str, float]:
         metrics = {f"{prefix}/avg": float(reward.avg.mean()), f"{prefix}/reward_errors": float(reward.errors)}
-        metrics.update({f"{prefix}/{name}": float(values.mean()) for name, values in reward.parts.items()})
+        metrics.update({f"{prefix}/{name}": value for name, value in reward.metrics().items()})
         return metrics
 
     def logs_samples_at(self, step: int) -> bool:

@@ -208,8 +208,11 @@ _REWARD = {
     "url": Rule(_is_url, "an http(s) URL such as http://127.0.0.1:8000, or empty"),
     "token_file": ExistingPath(kind="file"),
     "base_url": Rule(_is_url, "an http(s) URL such as http://127.0.0.1:8000/v1, or empty"),
-    "served_model": Free("the model name the endpoint serves; required for vlm_ocr (validate._check_reward)"),
+    "served_model": Free("the model name the endpoint serves; required for vlm_ocr and the judges (validate)"),
     "api_key_file": ExistingPath(kind="file"),
+    "judge_prompt": Rule(lambda t: not t or "{prompt}" in t, "empty (the judge's own template) or a text with "
+                                                               "{prompt} where the caption goes"),
+    "top_logprobs": Range(low=1, high=20, meaning="tokens with logprobs the endpoint returns (OpenAI: at most 20)"),
     "timeout_s": Range(low=0, low_open=True, meaning="seconds per scoring attempt"),
     "max_engine_rebuilds": COUNT,
     "max_retries": COUNT,

@@ -150,7 +150,7 @@ class DatasetConfig:
 @dataclass
 class RewardConfig:
     type: str = "single"  # single | multi
-    model: str = "ocr"  # ocr | video_ocr | image_stats | jpeg_compressibility | remote | vlm_ocr
+    model: str = "ocr"  # ocr | video_ocr | image_stats | jpeg_compressibility | remote | vlm_ocr | unifiedreward | ...
     key: str = "ocr"  # RLinf's name of the reward's output; accepted for compatibility, not read
     engine: str = "auto"  # auto | rapidocr | paddleocr
     use_gpu: bool = False
@@ -174,6 +174,10 @@ class RewardConfig:
     base_url: str = ""
     served_model: str = ""
     api_key_file: str = ""  # file with the endpoint's API key ("" = none)
+    # model: unifiedreward | unifiedreward2 | vlm_yesno (rlrunner/rewards/judges) -- the same endpoint keys;
+    # judge_prompt overrides the judge's template ({prompt} = the caption); top_logprobs: tokens vlm_yesno reads
+    judge_prompt: str = ""
+    top_logprobs: int = 20
     # remote and vlm_ocr: seconds per attempt, retries of transient failures (exponential backoff with jitter),
     # requests in flight; required: false scores failed samples 0 (counted in env/reward_errors) and trains on.
     # ocr and video_ocr: seconds one engine call (batch_size images) may take; past it those images score 0

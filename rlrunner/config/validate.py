@@ -16,7 +16,8 @@ from rlrunner.config.checks import Context, problems, reward_part_problems
 from rlrunner.config.errors import RecipeError
 
 # reward keys that a reward model cannot do without
-REWARD_NEEDS = {"remote": ("url",), "vlm_ocr": ("base_url", "served_model")}
+REWARD_NEEDS = {"remote": ("url",), "geneval": ("url",), "vlm_ocr": ("base_url", "served_model"),
+                **{judge: ("base_url", "served_model") for judge in ("unifiedreward", "unifiedreward2", "vlm_yesno")}}
 # rewards that score one kind of input only (the others take images [B, H, W, 3] and frames [B, F, H, W, 3])
 IMAGE_ONLY_REWARDS = ("ocr", "vlm_ocr")
 VIDEO_ONLY_REWARDS = ("video_ocr",)

@@ -11,7 +11,7 @@ Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibil
 (``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``).
 """
 
-from . import image_stats, multi, ocr, remote, video_ocr, vlm_ocr  # noqa: F401  (modules register themselves)
+from . import geneval, image_stats, judges, multi, ocr, remote, video_ocr, vlm_ocr  # noqa: F401  (modules register themselves)
 from .engines import ENGINES, OcrEngine, build_engine, installed_engines, register_engine
 from .image_stats import ImageStatsReward, JpegCompressibilityReward, PixelReward
 from .multi import MultiReward

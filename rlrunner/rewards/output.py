@@ -38,6 +38,22 @@ class RewardOutput:
             return None
         return [str((t or [""])[0]) if isinstance(t, list) else str(t) for t in self.extra[key]]
 
+    def metrics(self) -> dict[str, float]:
+        """Scalars to log: each part's mean, and for a reward that reports ``accuracy`` and ``tags`` per sample
+        (GenEval) its accuracy overall and per tag (``<reward>/accuracy``, ``<reward>/<tag>``)."""
+        metrics = {name: float(values.mean()) for name, values in self.parts.items()}
+        for key in [k for k in self.extra if k == "tags" or k.endswith("/tags")]:
+            prefix = key[: -len("tags")]
+            if f"{prefix}accuracy" not in self.extra:
+                continue
+            label = prefix.rstrip("/") or next(iter(self.parts), "reward")
+            tags = [str(t) for t in np.asarray(self.extra[key]).reshape(-1)]
+            accuracy = np.asarray(self.extra[f"{prefix}accuracy"], dtype=np.float64).reshape(-1)
+            metrics[f"{label}/accuracy"] = float(accuracy.mean())
+            for tag in sorted({t for t in tags if t}):
+                metrics[f"{label}/{tag}"] = float(accuracy[[t == tag for t in tags]].mean())
+        return metrics
+
     @staticmethod
     def concat(outputs: list[RewardOutput]) -> RewardOutput:
         """Join outputs of consecutive sample ranges along the batch axis (used by the async scorer)."""

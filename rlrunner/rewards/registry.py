@@ -67,6 +67,8 @@ def check_reward_config(cfg: RewardConfig) -> None:
         raise ValueError(f"reward.max_engine_rebuilds must be >= 0, got {cfg.max_engine_rebuilds}")
     if cfg.max_retries < 0:
         raise ValueError(f"reward.max_retries must be >= 0, got {cfg.max_retries}")
+    if not 1 <= cfg.top_logprobs <= 20:
+        raise ValueError(f"reward.top_logprobs must be in 1..20 (the OpenAI API's range), got {cfg.top_logprobs}")
     if cfg.max_concurrency < 1:
         raise ValueError(f"reward.max_concurrency must be >= 1, got {cfg.max_concurrency}")
 

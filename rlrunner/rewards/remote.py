@@ -15,6 +15,8 @@ of frames, never split between requests; the frame scores are chunked here with 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rlrunner.config.schema import RewardConfig
@@ -38,7 +40,8 @@ class RemoteReward(ServiceReward):
         self.url = spec.url.rstrip("/")
         self.check_reachable(f"{self.url}/health")
 
-    def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None]) -> FrameResults:
+    def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],
+                     metadata: list[dict[str, Any]]) -> FrameResults:
         batch, num_frames = frames.shape[:2]
         per_request = max(1, self.spec.batch_size // num_frames)
         groups = [range(start, min(batch, start + per_request)) for start in range(0, batch, per_request)]

@@ -171,10 +171,12 @@ class ServiceReward(Reward):
         self.client = ServiceClient(token, spec.timeout_s, spec.max_retries, spec.max_concurrency)
 
     @abstractmethod
-    def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None]) -> FrameResults:
+    def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],
+                     metadata: list[dict[str, Any]]) -> FrameResults:
         """Score uint8 ``frames`` ``[B, F, H, W, 3]`` (``F = 1`` for images) against ``B`` prompts.
 
         ``reasons`` (``B·F``) marks frames the client already knows to be unscorable: they must score 0.
+        ``metadata``: ``B`` dicts, each prompt's record (``{}`` unless the reward sets ``uses_metadata``).
         """
 
     def check_reachable(self, url: str) -> None:
@@ -187,14 +189,15 @@ class ServiceReward(Reward):
             raise RewardUnavailable(f"reward.model={self.spec.model} (required) cannot reach its service: {err}; "
                                     f"start it first, or set reward.required=false to train on without it") from None
 
-    def __call__(self, images: np.ndarray, prompts: list[str]) -> RewardOutput:
+    def __call__(self, images: np.ndarray, prompts: list[str],
+                 metadata: list[dict[str, Any]] | None = None) -> RewardOutput:
         images = np.asarray(images)
         video = images.ndim == 5
         flat, reasons = as_uint8(images, frame_axes=int(video))
         num_frames = images.shape[1] if video else 1
         prompts = check_prompts(prompts, flat.shape[0] // num_frames)
         frames = flat.reshape((len(prompts), num_frames) + flat.shape[1:])
-        result = self.score_frames(frames, prompts, reasons)
+        result = self.score_frames(frames, prompts, reasons, metadata or [{} for _ in prompts])
         for r in result.reasons:
             if r is not None:
                 self.warn_once(reason_key(r), r)

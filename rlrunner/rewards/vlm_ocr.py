@@ -16,6 +16,8 @@ Serve Qwen2.5-VL (or Qwen3-VL) with vLLM on its own GPU(s), then point the recip
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rlrunner.config.schema import RewardConfig
@@ -53,7 +55,8 @@ class VlmOcrReward(ServiceReward):
         self.base_url = spec.base_url.rstrip("/")
         self.check_reachable(f"{self.base_url}/models")
 
-    def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None]) -> FrameResults:
+    def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],
+                     metadata: list[dict[str, Any]]) -> FrameResults:
         flat = frames.reshape((-1,) + frames.shape[2:])
         frame_prompts = [p for p in prompts for _ in range(frames.shape[1])]
         result = FrameResults(np.zeros(len(flat), dtype=np.float32), unscorable(flat, frame_prompts, reasons),
