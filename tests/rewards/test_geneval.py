@@ -1,0 +1,158 @@
+"""GenEval scoring on synthetic detections with hand-computed expectations, and the geneval reward end to end
+against a stub detector server on 127.0.0.1 (images plus each prompt's metadata in, partial credit and per-tag
+accuracy out)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlrunner.rewards import build_reward
+from rlrunner.rewards.geneval import Detection, correct, partial_score, relative_position, select_objects
+from rlrunner.rewards.geneval.scoring import check_metadata
+from tests.service_helpers import StubServer
+
+
+def det(label: str, box: list[float], score: float = 0.95, color: str | None = None) -> dict:
+    return {"label": label, "box": box, "score": score, "color": color}
+
+
+TWO_CATS = {"tag": "counting", "include": [{"class": "cat", "count": 2}], "prompt": "a photo of two cats"}
+
+
+def test_thresholds_order_and_cap():
+    detections = [det("cat", [0, 0, 9, 9], 0.5), det("cat", [20, 0, 29, 9], 0.95), det("dog", [0, 0, 5, 5], 0.3)]
+    # 0.3 is not above the 0.3 threshold; the most confident cat comes first
+    objects = select_objects(detections, "single_object")
+    assert list(objects) == ["cat"] and [o.score for o in objects["cat"]] == [0.95, 0.5]
+    # counting keeps only detections above 0.9
+    assert [o.score for o in select_objects(detections, "counting")["cat"]] == [0.95]
+    many = [det("cat", [i, 0, i + 1, 1], 0.5 + i / 100) for i in range(20)]
+    assert len(select_objects(many, "single_object")["cat"]) == 16
+
+
+def test_relative_position_by_hand():
+    a = Detection((0, 0, 10, 10), 1.0)     # centre (5, 5)
+    b = Detection((30, 2, 40, 12), 1.0)    # centre (35, 7)
+    # offset a-b = (-30, -2); shrink by 0.1 * (10 + 10) = 2 per axis -> (-28, 0); / |offset| (30.07): dx = -0.93
+    assert relative_position(a, b) == {"left of"}
+    assert relative_position(b, a) == {"right of"}
+    below = Detection((0, 40, 10, 50), 1.0)
+    assert relative_position(below, a) == {"below"} and relative_position(a, below) == {"above"}
+    # diagonal (offset (20, 20), shrunk to (18, 18)): 18 / 28.28 = 0.64 > 0.5 on both axes
+    assert relative_position(Detection((20, 20, 30, 30), 1.0), a) == {"right of", "below"}
+    # overlapping boxes: the shrunk offset vanishes, no relation
+    assert relative_position(Detection((1, 0, 11, 10), 1.0), a) == set()
+
+
+def test_counting_strict_and_partial():
+    two = select_objects([det("cat", [0, 0, 9, 9]), det("cat", [20, 0, 29, 9])], "counting")
+    assert correct(two, TWO_CATS) == (True, [])
+    assert partial_score(two, TWO_CATS) == (1.0, True)
+    three = select_objects([det("cat", [0, 0, 9, 9]), det("cat", [20, 0, 29, 9]), det("cat", [40, 0, 49, 9])],
+                           "counting")
+    # GenEval's accuracy asks for at least two; the training reward for exactly two: 1 - |2 - 3| / 2 = 0.5
+    assert correct(three, TWO_CATS)[0] is True
+    assert partial_score(three, TWO_CATS) == (0.5, False)
+    one = select_objects([det("cat", [0, 0, 9, 9])], "counting")
+    ok, reasons = correct(one, TWO_CATS)
+    assert not ok and reasons == ["expected cat>=2, found 1"]
+    assert partial_score(one, TWO_CATS) == (0.5, False)
+    assert partial_score({}, TWO_CATS) == (0.0, False)
+
+
+def test_colors_partial_credit():
+    meta = {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}]}
+    red = select_objects([det("car", [0, 0, 9, 9], color="red")], "colors")
+    blue = select_objects([det("car", [0, 0, 9, 9], color="blue")], "colors")
+    assert correct(red, meta)[0] and partial_score(red, meta) == (1.0, True)
+    # count right (1), colour wrong (0): mean 0.5
+    assert not correct(blue, meta)[0] and partial_score(blue, meta) == (0.5, False)
+    # no car: count credit 0 and the colour check that cannot run scores 0
+    assert partial_score({}, meta) == (0.0, False)
+
+
+def test_color_attr_two_clauses():
+    meta = {"tag": "color_attr", "include": [{"class": "bench", "count": 1, "color": "green"},
+                                             {"class": "vase", "count": 1, "color": "purple"}]}
+    objects = select_objects([det("bench", [0, 0, 9, 9], color="green"), det("vase", [20, 0, 29, 9], color="red"),
+                              det("vase", [40, 0, 49, 9], 0.5, color="purple")], "color_attr")
+    # official: the most confident vase is red -> wrong
+    assert not correct(objects, meta)[0]
+    # training: bench 1 + green 1; vase count 1 - |1 - 2| / 1 = 0, colour check cannot run: 0 -> 2 / 4
+    assert partial_score(objects, meta) == (0.5, False)
+
+
+def test_position():
+    meta = {"tag": "position", "include": [{"class": "dog", "count": 1},
+                                           {"class": "cat", "count": 1, "position": ["left of", 0]}]}
+    left = select_objects([det("dog", [30, 2, 40, 12]), det("cat", [0, 0, 10, 10])], "position")
+    right = select_objects([det("dog", [0, 0, 10, 10]), det("cat", [30, 2, 40, 12])], "position")
+    assert correct(left, meta) == (True, [])
+    assert partial_score(left, meta) == (1.0, True)
+    ok, reasons = correct(right, meta)
+    assert not ok and reasons == ["expected cat left of the dog"]
+    # dog 1, cat 1, position 0 -> 2 / 3 (the anchors' code would also append a 1 here: 3 / 4)
+    assert partial_score(right, meta) == pytest.approx((2 / 3, False))
+    no_dog = select_objects([det("cat", [0, 0, 10, 10])], "position")
+    assert partial_score(no_dog, meta) == pytest.approx((1 / 3, False))  # dog 0, cat 1, no target 0
+
+
+def test_exclude_fails_accuracy_only():
+    meta = {"tag": "single_object", "include": [{"class": "cat", "count": 1}], "exclude": [{"class": "cat",
+                                                                                           "count": 2}]}
+    two = select_objects([det("cat", [0, 0, 9, 9]), det("cat", [20, 0, 29, 9])], "single_object")
+    ok, reasons = correct(two, meta)
+    assert not ok and reasons == ["expected cat<2, found 2"]
+    assert partial_score(two, meta) == (0.0, False)  # 1 - |1 - 2| / 1; exclude clauses are not scored
+
+
+@pytest.mark.parametrize("meta, fragment", [
+    ({}, "tag None"),
+    ({"tag": "counting"}, "no 'include'"),
+    ({"tag": "counting", "include": [{"class": "cat", "count": 0}]}, "'count' >= 1"),
+    ({"tag": "position", "include": [{"class": "cat", "count": 1, "position": ["left of", 0]}]}, "earlier clause"),
+])
+def test_bad_metadata_is_named(meta, fragment):
+    assert fragment in check_metadata(meta)
+
+
+def test_geneval_reward_end_to_end():
+    seen = []
+    answers = {  # by the image's first pixel value, as the stub cannot see prompts
+        0: [det("cat", [0, 0, 9, 9]), det("cat", [20, 0, 29, 9])],      # two cats: right
+        1: [det("cat", [0, 0, 9, 9])],                                    # one cat: 0.5, wrong
+        2: [det("car", [0, 0, 9, 9], color="red")],                       # red car: right
+    }
+
+    def answer(body: dict) -> tuple[int, bytes]:
+        from rlrunner.rewards.wire import decode_image
+
+        seen.append(body)
+        detections = [answers[int(decode_image(im, 10**6)[0, 0, 0])] for im in body["images"]]
+        return 200, json.dumps({"detections": detections}).encode()
+
+    images = np.stack([np.full((16, 16, 3), v, dtype=np.uint8) for v in (0, 1, 2, 3)])
+    prompts = ["a photo of two cats", "a photo of two cats", "a photo of a red car", "no record"]
+    colors = {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}]}
+    metadata = [TWO_CATS, TWO_CATS, colors, {}]
+    with StubServer(answer) as stub:
+        reward = build_reward({"model": "geneval", "url": stub.url, "max_retries": 0, "batch_size": 2})
+        assert reward.uses_metadata
+        out = reward(images, prompts, metadata=metadata)
+    np.testing.assert_allclose(out.avg, [1.0, 0.5, 1.0, 0.0])
+    assert out.errors == 1 and out.extra["error_reasons"] == {"no GenEval record": 1}
+    assert sorted(len(b["images"]) for b in seen) == [1, 2]  # batch_size images per request; the bad one not sent
+    metrics = out.metrics()
+    assert metrics["geneval"] == pytest.approx(2.5 / 4)
+    assert metrics["geneval/accuracy"] == pytest.approx(2 / 4)
+    assert metrics["geneval/counting"] == pytest.approx(0.5) and metrics["geneval/colors"] == 1.0
+
+
+def test_malformed_detector_answer_is_counted():
+    with StubServer(lambda body: (200, b'{"detections": [[{"label": "cat"}]]}')) as stub:
+        out = build_reward({"model": "geneval", "url": stub.url, "max_retries": 0})(
+            np.zeros((1, 16, 16, 3), np.uint8), ["two cats"], metadata=[TWO_CATS])
+    assert out.errors == 1 and "malformed detection" in out.failure
