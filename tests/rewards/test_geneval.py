@@ -156,3 +156,37 @@ def test_malformed_detector_answer_is_counted():
         out = build_reward({"model": "geneval", "url": stub.url, "max_retries": 0})(
             np.zeros((1, 16, 16, 3), np.uint8), ["two cats"], metadata=[TWO_CATS])
     assert out.errors == 1 and "malformed detection" in out.failure
+
+
+@pytest.mark.slow
+def test_a_run_trains_and_evaluates_on_geneval_records(tmp_path):
+    """One tiny step with .jsonl GenEval records: the stub detector always sees two cats, so the counting prompts
+    are right and the colour prompts wrong; the eval logs that per tag."""
+    from runner_helpers import read_metrics, small_recipe
+
+    from rlrunner.runner import run
+
+    red_car = {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}]}
+    records = [{**TWO_CATS, "prompt": f"a photo of two cats, take {i}"} for i in range(2)]
+    records += [{**red_car, "prompt": f"a photo of a red car, take {i}"} for i in range(2)]
+    prompts = tmp_path / "geneval.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cats = json.dumps([det("cat", [0, 0, 9, 9]), det("cat", [20, 0, 29, 9])])
+
+    def answer(body: dict) -> tuple[int, bytes]:
+        return 200, f'{{"detections": [{", ".join([cats] * len(body["images"]))}]}}'.encode()
+
+    with StubServer(answer) as stub:
+        reward = [f"env.{split}.reward.{key}" for split in ("train", "eval") for key in
+                  ("model=geneval", f"url={stub.url}")]
+        cfg = small_recipe(tmp_path, f"env.train.dataset.path={prompts}", f"env.eval.dataset.path={prompts}",
+                           *reward, "runner.max_steps=1", "runner.save_interval=0", "runner.val_before_train=false")
+        log_dir = tmp_path / "run"
+        log_dir.mkdir()
+        run(cfg, log_dir)
+    (evaluated,) = [m for m in read_metrics(log_dir) if "eval/avg" in m]
+    assert evaluated["eval/avg"] == 0.5
+    assert evaluated["eval/geneval/counting"] == 1.0 and evaluated["eval/geneval/colors"] == 0.0
+    assert evaluated["eval/geneval/accuracy"] == 0.5
+    (trained,) = [m for m in read_metrics(log_dir) if "env/avg" in m]
+    assert trained["env/geneval/counting"] == 1.0
