@@ -190,3 +190,22 @@ def test_a_run_trains_and_evaluates_on_geneval_records(tmp_path):
     assert evaluated["eval/geneval/accuracy"] == 0.5
     (trained,) = [m for m in read_metrics(log_dir) if "env/avg" in m]
     assert trained["env/geneval/counting"] == 1.0
+
+
+def test_recipe_and_shipped_records(monkeypatch):
+    """sd3_nft_geneval validates with DiffusionNFT's GenEval numbers, and every shipped test record is well-formed."""
+    from pathlib import Path
+
+    from rlrunner.config.loader import load_recipe
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    test_file = root / "examples/diffusion/data/geneval/test.jsonl"
+    cfg = load_recipe("sd3_nft_geneval", [f"env.train.dataset.path={test_file}"])  # train.jsonl is not shipped
+    assert (cfg.env.train.reward.model, cfg.env.eval.reward.model) == ("geneval", "geneval")
+    assert (cfg.algorithm.nft_beta, list(cfg.algorithm.nft_tau), cfg.algorithm.group_size) == (1.0, [1.0, 0.5, 0, 500],
+                                                                                                24)
+    assert cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch == cfg.actor.global_batch_size == 48 * 24
+    records = [json.loads(line) for line in test_file.read_text().splitlines()]
+    assert len(records) == cfg.env.eval.total_num_envs == 2212
+    assert [check_metadata(r) for r in records] == [None] * len(records)
