@@ -40,7 +40,8 @@ class RewardOutput:
 
     def metrics(self) -> dict[str, float]:
         """Scalars to log: each part's mean, and for a reward that reports ``accuracy`` and ``tags`` per sample
-        (GenEval) its accuracy overall and per tag (``<reward>/accuracy``, ``<reward>/<tag>``)."""
+        (GenEval) the share of right samples (``<reward>/accuracy``), each tag's (``<reward>/<tag>``) and their mean
+        over tags (``<reward>/overall``, GenEval's "Overall score" of ``evaluation/summary_scores.py``)."""
         metrics = {name: float(values.mean()) for name, values in self.parts.items()}
         for key in [k for k in self.extra if k == "tags" or k.endswith("/tags")]:
             prefix = key[: -len("tags")]
@@ -50,8 +51,10 @@ class RewardOutput:
             tags = [str(t) for t in np.asarray(self.extra[key]).reshape(-1)]
             accuracy = np.asarray(self.extra[f"{prefix}accuracy"], dtype=np.float64).reshape(-1)
             metrics[f"{label}/accuracy"] = float(accuracy.mean())
-            for tag in sorted({t for t in tags if t}):
-                metrics[f"{label}/{tag}"] = float(accuracy[[t == tag for t in tags]].mean())
+            per_tag = {tag: float(accuracy[[t == tag for t in tags]].mean()) for tag in sorted({t for t in tags if t})}
+            metrics.update({f"{label}/{tag}": value for tag, value in per_tag.items()})
+            if per_tag:
+                metrics[f"{label}/overall"] = float(np.mean(list(per_tag.values())))
         return metrics
 
     @staticmethod

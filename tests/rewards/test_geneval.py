@@ -149,6 +149,8 @@ def test_geneval_reward_end_to_end():
     assert metrics["geneval"] == pytest.approx(2.5 / 4)
     assert metrics["geneval/accuracy"] == pytest.approx(2 / 4)
     assert metrics["geneval/counting"] == pytest.approx(0.5) and metrics["geneval/colors"] == 1.0
+    # GenEval's overall score is the mean over tags, not over images: (0.5 + 1) / 2 (the unrecorded sample has no tag)
+    assert metrics["geneval/overall"] == pytest.approx(0.75)
 
 
 def test_malformed_detector_answer_is_counted():
@@ -187,7 +189,7 @@ def test_a_run_trains_and_evaluates_on_geneval_records(tmp_path):
     (evaluated,) = [m for m in read_metrics(log_dir) if "eval/avg" in m]
     assert evaluated["eval/avg"] == 0.5
     assert evaluated["eval/geneval/counting"] == 1.0 and evaluated["eval/geneval/colors"] == 0.0
-    assert evaluated["eval/geneval/accuracy"] == 0.5
+    assert evaluated["eval/geneval/accuracy"] == 0.5 and evaluated["eval/geneval/overall"] == 0.5
     (trained,) = [m for m in read_metrics(log_dir) if "env/avg" in m]
     assert trained["env/geneval/counting"] == 1.0
 
