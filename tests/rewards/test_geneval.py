@@ -211,3 +211,36 @@ def test_recipe_and_shipped_records(monkeypatch):
     records = [json.loads(line) for line in test_file.read_text().splitlines()]
     assert len(records) == cfg.env.eval.total_num_envs == 2212
     assert [check_metadata(r) for r in records] == [None] * len(records)
+
+
+def test_detector_server_http_side_feeds_the_reward(tmp_path):
+    """The detector server's HTTP side (the standalone script, with a detector function in place of Mask2Former)
+    answers the geneval reward, which scores what it detected; bad requests get 400, a missing token 401."""
+    import threading
+
+    import requests
+
+    from rlrunner.rewards.geneval.detector_server import make_server
+
+    def detect(images: list[np.ndarray]) -> list[list[dict]]:  # two cats in dark images, none in bright ones
+        return [[det("cat", [0, 0, 9, 9]), det("cat", [20, 0, 29, 9])] if im.mean() < 128 else [] for im in images]
+
+    server = make_server(detect, "127.0.0.1", 0, token="s3cret")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        (tmp_path / "token").write_text("s3cret\n")
+        reward = build_reward({"model": "geneval", "url": url, "token_file": str(tmp_path / "token"), "max_retries": 0})
+        images = np.stack([np.zeros((16, 16, 3), np.uint8), np.full((16, 16, 3), 255, np.uint8)])
+        out = reward(images, ["two cats", "two cats"], metadata=[TWO_CATS, TWO_CATS])
+        np.testing.assert_allclose(out.avg, [1.0, 0.0])
+        assert out.errors == 0 and out.extra["accuracy"] == [1.0, 0.0]
+        headers = {"Authorization": "Bearer s3cret"}
+        assert requests.post(f"{url}/detect", json={"images": ["not base64!"]}, headers=headers).status_code == 400
+        assert requests.post(f"{url}/detect", json={"images": []}).status_code == 401
+        with pytest.raises(ValueError, match="token"):
+            make_server(detect, "0.0.0.0", 0)
+    finally:
+        server.shutdown()
+        server.server_close()
