@@ -8,12 +8,13 @@ that raised, died or hung ends the run with status 1 and a last line naming its 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml
+from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml, with_log_dir
 
 EXIT_USER_ERROR = 2
 EXIT_WORKER_FAILED = 1
@@ -34,7 +35,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def default_log_dir(cfg_log_path: str, config_name: str) -> Path:
-    return Path(cfg_log_path) / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(config_name).stem}"
+    # $RLRUNNER_LOG_ROOT first, as run_diffusion.sh: runner.resume_dir=auto searches beside the run's folder
+    return Path(os.environ.get("RLRUNNER_LOG_ROOT") or cfg_log_path) / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(config_name).stem}"
 
 
 class _Tee:
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir) if launched_by_script else default_log_dir(cfg.runner.logger.log_path,
                                                                             args.config_name)
     log_dir.mkdir(parents=True, exist_ok=True)
+    cfg = with_log_dir(cfg, log_dir)
     (log_dir / "config.yaml").write_text(to_yaml(cfg))
     if not launched_by_script:
         command = shlex.join(["python", "-m", "rlrunner.train", *argv])
