@@ -125,13 +125,11 @@ def test_rlinf_wan_recipes_map_clip_ratio_video_and_rewards(assets, rlinf_env):
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("algorithm.nft_loss_form=dpo", r"algorithm.nft_loss_form='dpo' is an RLinf setting rlrunner does not implement; "
-                                    r"it supports 'mse'"),
+    ("algorithm.nft_loss_form=dpo", r"nft_loss_form='dpo' is an RLinf setting rlrunner does not implement; it supports 'mse'"),
     ("algorithm.nft_energy_reduction=sum", r"algorithm.nft_energy_reduction='sum' .* it supports 'mean'"),
     ("algorithm.recompute_v=true", r"algorithm.recompute_v=True .* it supports False"),
     ("algorithm.update_epoch=2", r"algorithm.update_epoch=2 .* it supports 1"),
-    ("actor.fsdp_config.sharding_strategy=hybrid_shard", r"sharding_strategy='hybrid_shard'.* use full_shard or "
-                                                         r"no_shard"),
+    ("actor.fsdp_config.sharding_strategy=hybrid_shard", r"sharding_strategy='hybrid_shard'.* use full_shard or no_sh"),
     ("actor.model.sd3.cfg=true", r"actor.model.sd3.cfg=True with actor.model.sd3.guidance_scale=1.0"),
     ("rollout.model.model_path=/elsewhere", r"rollout.model.model_path='/elsewhere' differs from actor.model"),
 ])
