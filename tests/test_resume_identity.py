@@ -99,18 +99,20 @@ def test_auto_finds_the_checkpoint_under_rlrunner_log_root_through_the_launcher(
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
            "HOME": os.environ.get("HOME", str(tmp_path))}
 
-    def launch(*more: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(ROOT / "examples/diffusion/run_diffusion.sh"), "tiny_nft_ocr", *args, *more],
+    def launch(*more: str) -> tuple[int, str]:
+        """Exit status and console output (the script sends the run's stderr to stdout, through tee)."""
+        done = subprocess.run(["bash", str(ROOT / "examples/diffusion/run_diffusion.sh"), "tiny_nft_ocr", *args, *more],
                               check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        return done.returncode, done.stdout + done.stderr
 
-    first = launch("runner.max_steps=1")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "starting from scratch" in first.stderr
+    status, console = launch("runner.max_steps=1")
+    assert status == 0, console[-3000:]
+    assert "starting from scratch" in console
     (first_dir,) = log_root.iterdir()
     assert yaml.safe_load((first_dir / "config.yaml").read_text())["runner"]["log_dir"] == str(first_dir.resolve())
-    second = launch("runner.max_steps=2")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resumed from {first_dir.resolve() / 'checkpoints' / 'global_step_1'} at step 1" in second.stderr
+    status, console = launch("runner.max_steps=2")
+    assert status == 0, console[-3000:]
+    assert f"resumed from {first_dir.resolve() / 'checkpoints' / 'global_step_1'} at step 1" in console
     second_dir = max(log_root.iterdir())
     steps = [json.loads(line)["step"] for line in (second_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2] and not (tmp_path / "elsewhere").exists()
