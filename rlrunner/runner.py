@@ -29,7 +29,9 @@ from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_prompts
+from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
+from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.sample_order import TrainPlan
@@ -71,13 +73,13 @@ class Runner:
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
         self.reward_failures_in_a_row = 0
-        # collocated actor and rollout take turns on the device when the recipe asks for offloading
         self.loss_key = objective_class(alg.name).loss_key  # the metric the step line reports as "loss"
-        self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
+        self.turns = DeviceTurns.for_placement(self.actor, self.rollout, placement, cfg.cluster.enable_offload)
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
         self.ahead: RolloutAhead | None = None
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
-        self.rollout_adapters: dict[str, dict[str, torch.Tensor]] = {}
+        self.rollout_adapters: dict[str, dict[str, torch.Tensor]] = {}  # the last sync's, as the rollout holds them
+        self.synced_step = -1  # the global step whose adapters the last sync sent
         model = cfg.actor.model
         family = model[model.model_type]
         self.model_info = {"model_type": model.model_type, "model_path": model.model_path,
@@ -126,7 +128,7 @@ class Runner:
             with timer("sync"):
                 if self.step % self.cfg.runner.weight_sync_interval == 0:
                     self.sync_weights()
-        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/nft_tau": tau,
+        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/ema_tau": tau,
                    **timer.metrics()}
         self.run_logger.scalars(metrics, self.step)
         if self.logs_samples_at(self.step):
@@ -168,7 +170,7 @@ class Runner:
         images go to the env workers, each actor rank's rows to that rank in :meth:`update`, and the driver
         fetches only the samples it logs. What the driver holds of the rest are :class:`Handle` s.
         """
-        self.hand_device_to("rollout")
+        self.turns.hand_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
@@ -233,18 +235,11 @@ class Runner:
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 
-    def hand_device_to(self, role: str) -> None:
-        """With ``cluster.enable_offload``, move the other collocated model to host memory first."""
-        if self.swap_models:
-            idle, active = (self.actor, self.rollout) if role == "rollout" else (self.rollout, self.actor)
-            idle.call("offload")
-            active.call("onload")
-
     def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
         """Train on the step's samples as its :class:`TrainPlan` says: rank r gets the handles of its own rows of
         every rollout shard (it fetches them itself), where each sits in its training order, the positions (seeds
         of their training noise) and their advantages."""
-        self.hand_device_to("actor")
+        self.turns.hand_to("actor")
         plan = rollout.plan
         metrics = _mean_dicts(self.actor.scatter("update", [
             (rollout.train[rank], plan.local_index(rank), plan.positions[rank], advantages[plan.samples(rank)],
@@ -258,16 +253,24 @@ class Runner:
 
     def sync_weights(self) -> None:
         """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
-        self.rollout_adapters = self.actor.call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
+        self.rollout_adapters = self.turns.actor_call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
         self.rollout.call("sync_weights", self.rollout_adapters)
+        self.synced_step = self.step
 
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
         tqdm.write(eval_line(self.step, len(self.eval_prompts), self.cfg.actor.model), file=sys.stderr)
         with timer("eval"):
+            # between weight syncs (runner.weight_sync_interval > 1) the rollout holds the last sync's adapters: the
+            # eval scores the trained one, then training rollouts go on with the last sync's until the next sync
+            if stale := self.synced_step != self.step:
+                trained = self.turns.actor_call("lora_weights")[0][TRAINED_ADAPTER]
+                self.rollout.call("sync_weights", {TRAINED_ADAPTER: trained})
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
+            if stale:
+                self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.rollout_adapters[TRAINED_ADAPTER]})
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", rollout.logged, reward)
@@ -292,7 +295,9 @@ class Runner:
         n = len(logged)
         images = logged.tensors["images"].numpy()
         per_sample = reward.avg.reshape(len(reward.avg), -1).mean(axis=1)
-        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step)
+        texts = reward.recognised_texts()  # what the OCR read: beside the target, it shows reward hacking
+        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step,
+                                texts=None if texts is None else texts[:n])
         if images.ndim == 5:
             video_cfg = self.cfg.env["eval" if tag.startswith("eval") else "train"].video_cfg
             out_dir = None
@@ -310,9 +315,9 @@ class Runner:
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
         path = save_checkpoint(
-            root, self.step, runner_state=state, actor_states=self.actor.call("state_dict")[:1],  # rank-independent
+            root, self.step, runner_state=state, actor_states=self.turns.actor_call("state_dict")[:1],  # rank-independent
             config_yaml=to_yaml(self.cfg), model_info=self.model_info,
-            write_adapters=lambda d: self.actor.call("save_adapters", str(d)),
+            write_adapters=lambda d: self.turns.actor_call("save_adapters", str(d)),
             keep_last_n=self.cfg.runner.keep_last_n,
         )
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
@@ -324,7 +329,7 @@ class Runner:
         if path is None:
             return
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
-        self.actor.call("load_state_dict", ckpt["actor"][0])
+        self.turns.actor_call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]

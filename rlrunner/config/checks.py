@@ -316,6 +316,7 @@ KEY_CHECKS: dict[str, Check] = {
     "actor.model.model_type": Choice(_registry("rlrunner.models", "MODEL_FAMILIES")),
     "actor.model.precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),
     "actor.model.device": Choice(_registry("rlrunner.utils.device", "DEVICE_NAMES")),
+    "actor.model.half_precision_on_cpu": Free("bool"),
     **{f"actor.model.<family>.{key}": check for key, check in _FAMILY.items()},
     "actor.optim.optimizer": Choice(_fixed("adamw")),  # workers/actor.py builds AdamW
     "actor.optim.lr": Range(low=0, low_open=True),

@@ -239,6 +239,8 @@ class ModelConfig:
     model_path: str = ""
     model_type: str = "tiny"
     precision: str = "bf16"  # bf16 | fp16 | fp32
+    # true: bf16 / fp16 stay as asked on a CPU device too (slow; shows dtype mistakes without a GPU), else fp32
+    half_precision_on_cpu: bool = False
     device: str = "auto"  # auto | cpu | cuda | npu
     tiny: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(

@@ -1,4 +1,4 @@
-"""OCR reward: how well the image shows the prompt's quoted text (shared/DESIGN.md §4).
+"""OCR reward: how well the image shows the prompt's quoted text (docs/design.md, "The OCR reward").
 
 Scoring is exactly the official DiffusionNFT / flow_grpo / RLinf rule, as the pure function ``ocr_score``:
 target = first double-quoted span of the prompt (whole prompt if none); spaces removed and lowercased in both
