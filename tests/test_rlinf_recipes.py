@@ -5,7 +5,6 @@ line (tests/data/rlinf/NOTICE: the files are RLinf's own)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shell_helpers import clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 RLINF = ROOT / "tests/data/rlinf/examples"
@@ -46,9 +46,10 @@ def test_rlinf_recipe_runs_one_step_through_the_launcher(setup, recipe, tmp_path
                  f"env.eval.dataset.path={setup / 'data'}", "runner.max_steps=1", "algorithm.group_size=2",
                  "env.train.total_num_envs=2", "env.train.rollout_epoch=1", "env.eval.total_num_envs=1",
                  "actor.micro_batch_size=1", "actor.global_batch_size=2", f"actor.model.{family}.resolution={resolution}"]
-    env = {**os.environ, "RLRUNNER_LOG_ROOT": str(tmp_path / "logs")}
-    result = subprocess.run([sys.executable, "-m", "rlrunner.train", "--config-name", str(setup / "config" / f"{recipe}.yaml"),
-                             *overrides], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    env = {**clean_env(), "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(tmp_path / "logs")}
+    result = subprocess.run(["bash", str(ROOT / "examples/diffusion/run_diffusion.sh"),
+                             str(setup / "config" / f"{recipe}.yaml"), *overrides], check=False, cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sum("RLinf keys accepted that change nothing here" in line for line in result.stderr.splitlines()) == 1
     (run_dir,) = (tmp_path / "logs").iterdir()
