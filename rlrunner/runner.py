@@ -28,7 +28,7 @@ from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
-from rlrunner.data.prompts import PromptSampler, load_prompts
+from rlrunner.data.prompts import PromptSampler, load_datasets
 from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.models import TRAINED_ADAPTER
@@ -55,8 +55,8 @@ class Runner:
         self.cfg, self.log_dir, self.cluster = cfg, Path(log_dir), cluster
         run, alg, env = cfg.runner, cfg.algorithm, cfg.env
         placement = cluster.placement
-        self.train_prompts = load_prompts(env.train.dataset.path, env.train.dataset.split)
-        self.eval_prompts = load_prompts(env.eval.dataset.path, env.eval.dataset.split)[: env.eval.total_num_envs]
+        datasets = load_datasets(env)
+        self.train_prompts, self.eval_prompts = datasets["train"].prompts, datasets["eval"].prompts
         self.sampler = PromptSampler(self.train_prompts, derive_seed(run.seed, "prompts", 0))
         self.prompts_per_epoch = env.train.total_num_envs // alg.group_size
         samples_per_step = env.train.total_num_envs * env.train.rollout_epoch
@@ -68,7 +68,8 @@ class Runner:
                                      algorithm_cfg=alg)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
-        self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
+        self.run_logger = RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
+        self.env.call("set_prompt_metadata", {split: data.by_prompt() for split, data in datasets.items()})
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0

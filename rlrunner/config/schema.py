@@ -38,9 +38,11 @@ class ClusterConfig:
 @dataclass
 class LoggerConfig:
     log_path: str = "logs"
-    # the run's identity: runner.resume_dir=auto resumes only a checkpoint of the same experiment ("" = the recipe's
-    # name); the run folder is still named by the recipe file
+    # the run's identity: runner.resume_dir=auto resumes only a checkpoint of the same experiment, and wandb, swanlab
+    # and mlflow name the run after it ("" = the recipe's name); the run folder is still named by the recipe file
     experiment_name: str = ""
+    # the project (wandb, swanlab) or experiment (mlflow) that the run is filed under
+    project_name: str = "rlrunner"
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
 
 
@@ -143,9 +145,11 @@ class AlgorithmConfig:
 @dataclass
 class DatasetConfig:
     type: str = "ocr"  # text prompt files; accepted for compatibility with RLinf recipes, ocr is the only value
-    # a directory with <split>.txt, or a .txt file
+    # a directory with <split>.txt (or .jsonl / .parquet), or a .txt, .jsonl or .parquet file
     path: str = ""
     split: str = "train"
+    # the prompt's key (.jsonl) or column (.parquet); the other keys are per-prompt metadata for the rewards
+    prompt_key: str = "prompt"
 
 
 @dataclass

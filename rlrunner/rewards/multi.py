@@ -14,12 +14,14 @@ a repeated model gets ``_2``, ``_3``...); each part's ``extra`` entries are kept
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rlrunner.config.schema import RewardConfig
 
 from .output import RewardOutput, sum_counts
-from .registry import Reward, build_single, part_config, register_reward_type
+from .registry import Reward, build_single, part_config, register_reward_type, score
 
 
 @register_reward_type("multi")
@@ -50,9 +52,11 @@ class MultiReward(Reward):
             self.weights.append(float(part_cfg.weight))
         if sum(self.weights) <= 0:
             raise ValueError(f"reward.rewards weights must sum to > 0, got {self.weights}")
+        self.uses_metadata = any(child.uses_metadata for child in self.children)
 
-    def __call__(self, images: np.ndarray, prompts: list[str]) -> RewardOutput:
-        outs = [child(images, prompts) for child in self.children]
+    def __call__(self, images: np.ndarray, prompts: list[str],
+                 metadata: list[dict[str, Any]] | None = None) -> RewardOutput:
+        outs = [score(child, images, prompts, metadata) for child in self.children]
         ndim = max(o.avg.ndim for o in outs)
         shape = next(o.avg.shape for o in outs if o.avg.ndim == ndim)
         total = np.zeros(shape, dtype=np.float64)

@@ -99,6 +99,9 @@ class Reward(ABC):
 
     #: Registered name; also the key of this reward's entry in ``RewardOutput.parts``.
     name: str = ""
+    #: True: ``__call__`` also takes ``metadata``, one dict per sample (the prompt's record of a .jsonl or .parquet
+    #: dataset, ``{}`` when it has none); see :func:`score`.
+    uses_metadata: bool = False
 
     def __init__(self, spec: RewardConfig) -> None:
         self.spec = spec  # the recipe's reward sub-config, read by the subclasses
@@ -135,6 +138,14 @@ class Reward(ABC):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._log_lock = threading.Lock()
+
+
+def score(reward: Reward, images: np.ndarray, prompts: list[str],
+          metadata: list[dict[str, Any]] | None = None) -> RewardOutput:
+    """``reward(images, prompts)``, with ``metadata`` (``{}`` per sample when None) for a reward that asks for it."""
+    if not reward.uses_metadata:
+        return reward(images, prompts)
+    return reward(images, prompts, metadata=metadata or [{} for _ in prompts])
 
 
 class RewardUnavailable(RuntimeError):
