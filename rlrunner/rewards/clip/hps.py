@@ -25,7 +25,7 @@ from rlrunner.config.schema import RewardConfig
 
 from ..registry import register_reward
 from .loading import ImageTransform, hub_or_local_file, load_tokenizer
-from .scores import ClipReward
+from .scores import ClipScoreReward
 
 HPS_FILE = "HPS_v2.1_compressed.pt"
 #: open_clip's ViT-H-14: vision heads of width 80 (1280 / 16), text heads of width 64 (1024 / 16)
@@ -71,7 +71,7 @@ def open_clip_to_clip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
                      ("ln_final", "text_model.final_layer_norm")):
         out.update({f"{dst}.{p}": state[f"{src}.{p}"] for p in ("weight", "bias")})
     for key, value in state.items():
-        m = re.match(r"(visual\.)?transformer\.resblocks\.(\d+)\.(.+)\.(weight|bias)$", key)
+        m = re.match(r"(visual\.)?transformer\.resblocks\.(\d+)\.(.+?)[._](weight|bias)$", key)
         if not m:
             continue
         tower, n, name, param = m.groups()
@@ -97,7 +97,7 @@ def load_open_clip_checkpoint(path: str, key: str) -> dict[str, torch.Tensor]:
 
 
 @register_reward("hpsv2")
-class HpsV2Reward(ClipReward):
+class HpsV2Reward(ClipScoreReward):
     """HPSv2.1: ``cos(image, text)`` of the converted ViT-H-14 (``reward.model_path``: ``HPS_v2.1_compressed.pt``,
     its folder, or the hub id ``xswu/HPSv2``; ``processor_path``: the ViT-H-14 tokenizer)."""
 

@@ -8,6 +8,7 @@ The tokenizer has no merges: every byte is a token (``c`` inside a word, ``c</w>
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 TEXT_CONTEXT = 32
 IMAGE_SIZE = 28
 PATCH = 14
+LOGIT_SCALE = 100.0  # exp(logit_scale) of trained CLIPs (PickScore_v1's too): pickscore = 100 · cos / 26
 
 
 def byte_vocab() -> dict[str, int]:
@@ -63,6 +65,8 @@ def write_random_tiny_clip(folder: str | Path, seed: int = 0) -> Path:
     vocab = byte_vocab()
     torch.manual_seed(seed)
     model = CLIPModel(tiny_clip_config(len(vocab), vocab["<|endoftext|>"]))
+    with torch.no_grad():
+        model.logit_scale.fill_(math.log(LOGIT_SCALE))
     model.save_pretrained(folder)
     return folder
 
