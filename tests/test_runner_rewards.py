@@ -1,5 +1,6 @@
-"""The CPU multi-reward recipe (tiny_nft_clip: PickScore + CLIPScore of a tiny random CLIP scorer, GDPO-style
-per-reward normalisation) trains 2 steps end to end, with its advantages from the per-reward normalisation."""
+"""The CPU multi-reward recipe (tiny_nft_pickscore_clipscore: PickScore + CLIPScore of a tiny random CLIP scorer,
+GDPO-style per-reward normalisation) trains 2 steps end to end, with its advantages from the per-reward normalisation.
+"""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def test_tiny_clip_recipe_trains_on_gdpo_advantages(tmp_path, monkeypatch):
         return advantages
 
     monkeypatch.setattr(runner_module, "per_reward_normalized_advantages", recording)
-    cfg = load_recipe("tiny_nft_clip", [*SMALL, f"actor.model.model_path={model}", f"env.train.dataset.path={data}",
-                                        f"env.eval.dataset.path={data}", f"runner.logger.log_path={tmp_path}"])
+    paths = [f"actor.model.model_path={model}", f"env.train.dataset.path={data}", f"env.eval.dataset.path={data}",
+             f"runner.logger.log_path={tmp_path}"]
+    cfg = load_recipe("tiny_nft_pickscore_clipscore", [*SMALL, *paths])
     log_dir = tmp_path / "run"
     log_dir.mkdir()
     run(cfg, log_dir)

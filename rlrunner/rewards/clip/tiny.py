@@ -1,5 +1,5 @@
 """A tiny random CLIP scorer folder (``CLIPModel`` + byte-level ``CLIPTokenizer`` + image processor config), for the
-CPU recipe ``tiny_nft_clip`` and the tests: ``python -m rlrunner.rewards.clip.tiny <folder>``.
+CPU recipe ``tiny_nft_pickscore_clipscore`` and the tests: ``python -m rlrunner.rewards.clip.tiny <folder>``.
 
 The tokenizer has no merges: every byte is a token (``c`` inside a word, ``c</w>`` at its end), then
 ``<|startoftext|>`` and ``<|endoftext|>`` as the two highest ids, as in CLIP's real vocabulary.
