@@ -24,8 +24,9 @@ from torch import nn
 from rlrunner.config.schema import RewardConfig
 
 from ..registry import register_reward
-from .loading import ImageTransform, hub_or_local_file, load_tokenizer
+from .loading import ImageTransform, hub_or_local_file, is_local, load_tokenizer
 from .scores import ClipScoreReward
+from .sizes import KNOWN_ARCHITECTURES
 
 HPS_FILE = "HPS_v2.1_compressed.pt"
 #: open_clip's ViT-H-14: vision heads of width 80 (1280 / 16), text heads of width 64 (1024 / 16)
@@ -109,6 +110,16 @@ class HpsV2Reward(ClipScoreReward):
         if spec.model_path and not spec.processor_path:
             spec = dataclasses.replace(spec, processor_path=self.default_processor)  # a .pt file has no tokenizer
         super().__init__(spec)
+
+    @classmethod
+    def architecture(cls, model_path: str) -> Any:
+        """open_clip's ViT-H-14 for a hub id; a local checkpoint's shapes (memory-mapped: no weights read)."""
+        if not is_local(model_path):
+            return KNOWN_ARCHITECTURES["xswu/HPSv2"]
+        path = hub_or_local_file(model_path, HPS_FILE, "reward.model_path")
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return clip_config_of({k.removeprefix("module."): v for k, v in ckpt.get("state_dict", ckpt).items()},
+                              eos_token_id=1)
 
     def load(self) -> tuple[nn.Module, Any, ImageTransform]:
         from transformers import CLIPModel

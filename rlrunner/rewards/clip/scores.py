@@ -21,11 +21,12 @@ import torch
 from torch import nn
 
 from rlrunner.config.schema import RewardConfig
-from rlrunner.utils.device import resolve_device, resolve_dtype
+from rlrunner.utils.device import PRECISIONS, resolve_device, resolve_dtype
 
 from ..image_stats import FrameReward
 from ..registry import register_reward
 from .loading import ImageTransform, cached, load_clip_model, load_tokenizer
+from .sizes import clip_bytes, clip_config_dict
 
 #: flow_grpo's and DiffusionNFT's PickScore scaling: exp(logit_scale) = 100 puts the score near 0.8-0.9
 PICKSCORE_DIVISOR = 26.0
@@ -52,6 +53,21 @@ class ClipReward(FrameReward):
         self.dtype = resolve_dtype(spec.precision, self.device)
         key = (type(self).__name__, self.model_path, self.processor_path, spec.head_path, str(self.device), self.dtype)
         self.model, self.tokenizer, self.transform = cached(key, self.load)
+
+    @classmethod
+    def architecture(cls, model_path: str) -> Any:
+        """The CLIPConfig (or its arguments) of ``model_path`` from config files alone; None when unknown."""
+        return clip_config_dict(model_path)
+
+    @classmethod
+    def device_memory(cls, spec: RewardConfig) -> list[tuple[str, int, str]]:
+        path = spec.model_path or cls.default_model
+        config = cls.architecture(path)
+        if config is None:
+            why = f"not counted: {path} is neither a local folder with config.json nor a known hub id"
+            return [(f"{cls.name} scorer", -1, why)]
+        nbytes, params = clip_bytes(config, PRECISIONS[spec.precision])
+        return [(f"{cls.name} scorer", nbytes, f"{path}: CLIPModel, {params / 1e6:.1f} M parameters in {spec.precision}")]
 
     def load(self) -> tuple[nn.Module, Any, ImageTransform]:
         """``(CLIPModel, tokenizer, image transform)`` from ``model_path`` / ``processor_path``."""
@@ -145,6 +161,11 @@ class AestheticReward(ClipReward):
                              "sac+logos+ava1-l14-linearMSE.pth from github.com/christophschuhmann/"
                              "improved-aesthetic-predictor")
         super().__init__(spec)
+
+    @classmethod
+    def device_memory(cls, spec: RewardConfig) -> list[tuple[str, int, str]]:
+        head = sum(p.numel() for p in aesthetic_mlp().parameters())
+        return [*super().device_memory(spec), ("aesthetic MLP head", 4 * head, f"{head / 1e6:.2f} M parameters, fp32")]
 
     def load(self) -> tuple[nn.Module, Any, ImageTransform]:
         model, _, transform = super().load()
