@@ -223,20 +223,17 @@ class Runner:
                                     f"(runner.max_reward_error_steps={limit}): {reward.failure}")
 
     def advantages(self, reward: RewardOutput) -> torch.Tensor:
-        """Group-relative advantages; ``reward_signal`` none/shuffle are control runs without a real signal. A multi
-        reward with ``aggregation: per_reward_normalized`` hands its raw parts (``extra["part_scores"]``) to GDPO."""
-        alg = self.cfg.algorithm
-        rewards = torch.from_numpy(reward.avg)
-        parts = reward.extra.get("part_scores")
+        """Group-relative advantages (GDPO's of multi parts, if any); ``reward_signal`` none/shuffle are controls."""
+        alg, keys = self.cfg.algorithm, [k for k in ("part_scores", "part_weights") if k in reward.extra]
+        rewards, *parts = [torch.from_numpy(a) for a in (reward.avg, *(reward.extra[k] for k in keys))]
         if alg.reward_signal == "none":
             return torch.zeros_like(rewards)
         if alg.reward_signal == "shuffle":
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "shuffle", self.step))
             order = torch.randperm(len(rewards), generator=generator)
-            rewards, parts = rewards[order], None if parts is None else parts[order.numpy()]
-        if parts is not None:
-            return per_reward_normalized_advantages(torch.from_numpy(parts), torch.from_numpy(
-                reward.extra["part_weights"]), alg.group_size, video_mode=alg.advantage_mode)
+            rewards, *parts = [a[order] for a in (rewards, *parts)]
+        if parts:  # a multi reward with aggregation: per_reward_normalized
+            return per_reward_normalized_advantages(*parts, alg.group_size, video_mode=alg.advantage_mode)
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 
