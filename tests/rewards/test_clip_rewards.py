@@ -212,3 +212,16 @@ def test_loading_errors_name_the_missing_file(tiny_clip, tmp_path):
         build_reward({"model": "aesthetic", "model_path": str(tiny_clip)})
     with pytest.raises(FileNotFoundError, match=r"reward.model_path=.*HPS_v2.1_compressed.pt does not exist"):
         build_reward({"model": "hpsv2", "model_path": str(empty), "processor_path": str(tiny_clip)})
+
+
+def test_recipes_check_clip_rewards_before_any_worker_starts():
+    """The Wan video recipe trains on PickScore per chunk as it does on OCR; aesthetic without its head is an error
+    that names the key."""
+    from rlrunner.config.errors import RecipeError
+    from rlrunner.config.loader import load_recipe
+
+    video = ["env.train.reward.model=pickscore", "env.eval.reward.model=hpsv2"]
+    cfg = load_recipe("wan22_ti2v_5b_nft_video_ocr", video, check_datasets=False)
+    assert cfg.env.train.reward.frame_interval == 4
+    with pytest.raises(RecipeError, match=r"env.train.reward.head_path is empty; reward.model=aesthetic needs it"):
+        load_recipe("tiny_nft_ocr", ["env.train.reward.model=aesthetic"], check_datasets=False)
