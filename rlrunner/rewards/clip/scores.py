@@ -47,8 +47,9 @@ class ClipReward(FrameReward):
     def __init__(self, spec: RewardConfig) -> None:
         super().__init__(spec)
         self.model_path = spec.model_path or self.default_model
-        self.processor_path = spec.processor_path or (self.default_processor if not spec.model_path else "") or \
-            self.model_path
+        # processor_path defaults to model_path, except that the default weights come with their default processor
+        default_processor = "" if spec.model_path else self.default_processor
+        self.processor_path = spec.processor_path or default_processor or self.model_path
         self.device = resolve_device("auto")  # the env worker's accelerator (Ray gives it its devices), else CPU
         self.dtype = resolve_dtype(spec.precision, self.device)
         key = (type(self).__name__, self.model_path, self.processor_path, spec.head_path, str(self.device), self.dtype)
