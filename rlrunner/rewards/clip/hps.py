@@ -3,7 +3,9 @@
 ``HPS_v2.1_compressed.pt`` holds open_clip's state dict; :func:`open_clip_to_clip` renames its keys into a
 ``CLIPModel`` (no open_clip or torchvision at run time). Scoring follows HPSv2's ``score`` (tgxs002/HPSv2, also
 flow_grpo's ``hpsv2_scorer``): open_clip's eval transform (shorter side to 224, bicubic; centre crop; openai mean/std)
-and ``hps = cos(image, text)`` of the projected features, without the logit scale (about 0.2-0.35).
+and ``hps = cos(image, text)`` of the projected features, without the logit scale (about 0.2-0.35). Prompts go
+through transformers' ``CLIPTokenizer`` of ViT-H-14 (the same BPE vocabulary as open_clip's tokenizer, which also
+runs ftfy and HTML unescaping: the same ids for plain text).
 
 Key map (open_clip -> transformers), per tower ``visual.`` -> ``vision_model``, text at the root -> ``text_model``::
 
