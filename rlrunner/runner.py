@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rlrunner.algorithms.advantages import get_advantage_estimator
+from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
 from rlrunner.batch import Batch
 from rlrunner.checkpoint import load_checkpoint, resume_point, save_checkpoint
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
@@ -115,7 +115,7 @@ class Runner:
             rollout, reward = self.train_rollout(timer)
             self.check_reward_failure(reward)
             with timer("advantages"):
-                advantages = self.advantages(torch.from_numpy(reward.avg))
+                advantages = self.advantages(reward)
             if self.cfg.runner.rollout_ahead and self.step + 1 < self.max_steps:
                 self.start_rollout_ahead(self.sample_step_prompts(), self.step + 1)
             with timer("train"):
@@ -225,14 +225,18 @@ class Runner:
             raise RewardUnavailable(f"no training sample could be scored in {limit} step(s) in a row "
                                     f"(runner.max_reward_error_steps={limit}): {reward.failure}")
 
-    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages; ``reward_signal`` none/shuffle are control runs without a real signal."""
-        alg = self.cfg.algorithm
+    def advantages(self, reward: RewardOutput) -> torch.Tensor:
+        """Group-relative advantages (GDPO's of multi parts, if any); ``reward_signal`` none/shuffle are controls."""
+        alg, keys = self.cfg.algorithm, [k for k in ("part_scores", "part_weights") if k in reward.extra]
+        rewards, *parts = [torch.from_numpy(a) for a in (reward.avg, *(reward.extra[k] for k in keys))]
         if alg.reward_signal == "none":
             return torch.zeros_like(rewards)
         if alg.reward_signal == "shuffle":
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "shuffle", self.step))
-            rewards = rewards[torch.randperm(len(rewards), generator=generator)]
+            order = torch.randperm(len(rewards), generator=generator)
+            rewards, *parts = [a[order] for a in (rewards, *parts)]
+        if parts:  # a multi reward with aggregation: per_reward_normalized
+            return per_reward_normalized_advantages(*parts, alg.group_size, video_mode=alg.advantage_mode)
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 

@@ -16,7 +16,7 @@ from rlrunner.config.checks import Context, problems, reward_part_problems
 from rlrunner.config.errors import RecipeError
 
 # reward keys that a reward model cannot do without
-REWARD_NEEDS = {"remote": ("url",), "vlm_ocr": ("base_url", "served_model")}
+REWARD_NEEDS = {"remote": ("url",), "vlm_ocr": ("base_url", "served_model"), "aesthetic": ("head_path",)}
 # rewards that score one kind of input only (the others take images [B, H, W, 3] and frames [B, F, H, W, 3])
 IMAGE_ONLY_REWARDS = ("ocr", "vlm_ocr")
 VIDEO_ONLY_REWARDS = ("video_ocr",)
@@ -189,8 +189,7 @@ def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, 
                 _fail(problem)
         for needed in REWARD_NEEDS.get(part["model"], ()):
             if not part.get(needed):
-                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards as a "
-                      f"service)")
+                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards)")
     return parts
 
 
