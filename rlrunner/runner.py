@@ -21,9 +21,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rlrunner.algorithms.advantages import get_advantage_estimator
+from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint
+from rlrunner.checkpoint import load_checkpoint, resume_point, save_checkpoint
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
@@ -92,7 +92,7 @@ class Runner:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
         run, start, first_step = self.cfg.runner, time.monotonic(), self.step
-        if self.step == 0 and run.val_before_train:
+        if self.step == 0 and run.val_before_train and run.val_check_interval >= 0:  # -1: never
             self.evaluate()
         progress = self.progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step",
                                         dynamic_ncols=True, file=sys.stderr, disable=not sys.stderr.isatty())
@@ -102,7 +102,7 @@ class Runner:
             last = self.step == self.max_steps
             if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
                 self.evaluate()
-            if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
+            if (run.save_interval > 0 and self.step % run.save_interval == 0) or (last and run.save_interval >= 0):
                 self.save()
         progress.close()
         tqdm.write(run_summary(self.log_dir, self.step - first_step, time.monotonic() - start,
@@ -115,7 +115,7 @@ class Runner:
             rollout, reward = self.train_rollout(timer)
             self.check_reward_failure(reward)
             with timer("advantages"):
-                advantages = self.advantages(torch.from_numpy(reward.avg))
+                advantages = self.advantages(reward)
             if self.cfg.runner.rollout_ahead and self.step + 1 < self.max_steps:
                 self.start_rollout_ahead(self.sample_step_prompts(), self.step + 1)
             with timer("train"):
@@ -225,14 +225,18 @@ class Runner:
             raise RewardUnavailable(f"no training sample could be scored in {limit} step(s) in a row "
                                     f"(runner.max_reward_error_steps={limit}): {reward.failure}")
 
-    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages; ``reward_signal`` none/shuffle are control runs without a real signal."""
-        alg = self.cfg.algorithm
+    def advantages(self, reward: RewardOutput) -> torch.Tensor:
+        """Group-relative advantages (GDPO's of multi parts, if any); ``reward_signal`` none/shuffle are controls."""
+        alg, keys = self.cfg.algorithm, [k for k in ("part_scores", "part_weights") if k in reward.extra]
+        rewards, *parts = [torch.from_numpy(a) for a in (reward.avg, *(reward.extra[k] for k in keys))]
         if alg.reward_signal == "none":
             return torch.zeros_like(rewards)
         if alg.reward_signal == "shuffle":
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "shuffle", self.step))
-            rewards = rewards[torch.randperm(len(rewards), generator=generator)]
+            order = torch.randperm(len(rewards), generator=generator)
+            rewards, *parts = [a[order] for a in (rewards, *parts)]
+        if parts:  # a multi reward with aggregation: per_reward_normalized
+            return per_reward_normalized_advantages(*parts, alg.group_size, video_mode=alg.advantage_mode)
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 
@@ -325,13 +329,10 @@ class Runner:
         return path
 
     def resume(self, resume_dir: str) -> None:
-        log_root, run_name = Path(self.cfg.runner.logger.log_path), self.log_dir.name.split("-", 2)[-1]
-        if resume_dir == "auto" and latest_checkpoint(log_root, run_name) is None:
-            # the same command line is re-issued after every preemption, also one that struck before the first save
-            logger.warning("runner.resume_dir=auto: no complete checkpoint under %s/*-%s/checkpoints yet; starting "
-                           "from scratch", log_root, run_name)
+        # auto: a checkpoint of this experiment, among the runs beside this one (where this launcher writes)
+        path = resume_point(resume_dir, self.log_dir.resolve().parent, OmegaConf.to_container(self.cfg, resolve=True))
+        if path is None:
             return
-        path = resolve_resume_dir(resume_dir, log_root, run_name)
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
         self.turns.actor_call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from rlrunner.batch import Batch
 from rlrunner.config.schema import EnvConfig
 from rlrunner.data.prompts import PromptSet, load_prompt_set, load_prompts
-from rlrunner.rewards import Reward, RewardOutput, build_reward, register_reward
+from rlrunner.rewards import Reward, RewardOutput, build_reward
+from rlrunner.rewards.registry import REWARDS
 from rlrunner.workers.env import EnvWorker
 
 RECORDS = [{"prompt": 'a sign that says "ab"', "tag": "single_object", "include": [{"class": "sign", "count": 1}]},
@@ -82,7 +83,6 @@ def test_an_unknown_suffix_or_a_folder_without_the_split_is_an_error(tmp_path: P
         load_prompt_set(tmp_path, "train")
 
 
-@register_reward("metadata_probe")
 class MetadataProbe(Reward):
     """Scores each sample with its prompt's ``score`` metadata (0 without): proves which record reached it."""
 
@@ -92,6 +92,12 @@ class MetadataProbe(Reward):
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict] | None = None) -> RewardOutput:
         avg = np.array([m.get("score", 0.0) for m in metadata], np.float32)
         return RewardOutput(avg=avg, parts={self.name: avg})
+
+
+@pytest.fixture(autouse=True)
+def _metadata_probe(monkeypatch):
+    """``reward.model: metadata_probe`` for this module's tests only: other tests list the registry's names."""
+    monkeypatch.setitem(REWARDS, "metadata_probe", MetadataProbe)
 
 
 def test_env_worker_hands_each_sample_its_prompts_metadata():

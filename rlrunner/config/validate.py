@@ -17,6 +17,7 @@ from rlrunner.config.errors import RecipeError
 
 # reward keys that a reward model cannot do without
 REWARD_NEEDS = {"remote": ("url",), "geneval": ("url",), "vlm_ocr": ("base_url", "served_model"),
+                "aesthetic": ("head_path",),
                 **{judge: ("base_url", "served_model") for judge in ("unifiedreward", "unifiedreward2", "vlm_yesno")}}
 # rewards that score one kind of input only (the others take images [B, H, W, 3] and frames [B, F, H, W, 3])
 IMAGE_ONLY_REWARDS = ("ocr", "vlm_ocr")
@@ -81,6 +82,14 @@ def _check_awm(cfg: DictConfig) -> None:
         _fail(f"algorithm.awm_timesteps=sampler trains on the sampler's sigmas 1 <= k < int({family_key}.num_steps x "
               f"algorithm.awm_timestep_fraction) = int({steps} x {alg.awm_timestep_fraction}); use num_steps >= 2 "
               f"and a fraction >= 1/num_steps, or algorithm.awm_timesteps=uniform")
+
+
+def _check_resume(cfg: DictConfig) -> None:
+    allow = cfg.runner.resume_allow_changes
+    if isinstance(allow, bool) or (OmegaConf.is_list(allow) and all(isinstance(key, str) for key in allow)):
+        return
+    _fail(f"runner.resume_allow_changes={allow!r} must be true, false or a list of dotted keys "
+          "(e.g. [actor.optim.lr]) that may differ from the checkpoint's recipe")
 
 
 def _check_logger(cfg: DictConfig) -> None:
@@ -182,8 +191,7 @@ def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, 
                 _fail(problem)
         for needed in REWARD_NEEDS.get(part["model"], ()):
             if not part.get(needed):
-                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards as a "
-                      f"service)")
+                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards)")
     return parts
 
 
@@ -213,6 +221,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_algorithm(cfg)
     _check_flow_grpo(cfg)
     _check_awm(cfg)
+    _check_resume(cfg)
     _check_model(cfg, base_dir)
     _check_logger(cfg)
     _check_env(cfg, "train", base_dir, check_datasets)

@@ -217,8 +217,8 @@ def test_multi_config_errors(fake_engine) -> None:
 
 
 def test_unknown_names_list_the_valid_ones() -> None:
-    valid = (r"\['geneval', 'image_stats', 'jpeg_compressibility', 'ocr', 'remote', 'unifiedreward', 'unifiedreward2', "
-             r"'video_ocr', 'vlm_ocr', 'vlm_yesno'\]")
+    valid = (r"\['aesthetic', 'clipscore', 'geneval', 'hpsv2', 'image_stats', 'jpeg_compressibility', 'ocr', "
+             r"'pickscore', 'remote', 'unifiedreward', 'unifiedreward2', 'video_ocr', 'vlm_ocr', 'vlm_yesno'\]")
     with pytest.raises(ValueError, match=f"valid names: {valid}"):
         build_reward({"model": "ocrr"})
     with pytest.raises(ValueError, match=r"valid types: \['multi', 'single'\]"):
