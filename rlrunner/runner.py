@@ -286,9 +286,8 @@ class Runner:
     # ------------------------------------------------------------------ logging
     @staticmethod
     def reward_metrics(prefix: str, reward: RewardOutput) -> dict[str, float]:
-        metrics = {f"{prefix}/avg": float(reward.avg.mean()), f"{prefix}/reward_errors": float(reward.errors)}
-        metrics.update({f"{prefix}/{name}": value for name, value in reward.metrics().items()})
-        return metrics
+        return {f"{prefix}/avg": float(reward.avg.mean()), f"{prefix}/reward_errors": float(reward.errors),
+                **{f"{prefix}/{name}": value for name, value in reward.metrics().items()}}
 
     def logs_samples_at(self, step: int) -> bool:
         """Whether the training samples of global step ``step`` (counted from 1) are written to the logs."""
