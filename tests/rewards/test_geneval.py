@@ -239,6 +239,7 @@ def test_detector_server_http_side_feeds_the_reward(tmp_path):
         headers = {"Authorization": "Bearer s3cret"}
         assert requests.post(f"{url}/detect", json={"images": ["not base64!"]}, headers=headers).status_code == 400
         assert requests.post(f"{url}/detect", json={"images": []}).status_code == 401
+        assert requests.get(f"{url}/score", headers=headers).status_code == 404
         with pytest.raises(ValueError, match="token"):
             make_server(detect, "0.0.0.0", 0)
     finally:

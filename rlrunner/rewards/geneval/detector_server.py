@@ -125,8 +125,11 @@ def make_server(detect: Detect, host: str, port: int, token: str = "") -> Thread
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self._authorised():
-                self._reply(200, {"status": "ok"} if self.path == "/health" else {"error": f"no route {self.path}"})
+            if not self._authorised():
+                return
+            if self.path != "/health":
+                return self._reply(404, {"error": f"no route {self.path}; GET /health"})
+            self._reply(200, {"status": "ok"})
 
         def do_POST(self) -> None:
             if not self._authorised():
