@@ -13,6 +13,7 @@ with the prompt (``reward.judge_prompt`` overrides the template), ``temperature:
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, ClassVar
 
 import numpy as np
@@ -49,9 +50,9 @@ class VlmJudgeReward(ServiceReward):
         self.base_url = spec.base_url.rstrip("/")
         self.check_reachable(f"{self.base_url}/models")
 
+    @abstractmethod
     def parse(self, body: Any) -> float:
         """The score in [0, 1] of one chat-completions answer; raises ``parsers.UnparsableReply``."""
-        raise NotImplementedError
 
     def request_options(self) -> dict[str, Any]:
         """Extra chat-completions fields (the yes/no judge asks for logprobs)."""
