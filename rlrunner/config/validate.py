@@ -177,9 +177,21 @@ def _check_env(cfg: DictConfig, split: str, base_dir: Path, check_datasets: bool
               f"(env.{split}.dataset.split={env.dataset.split!r}); found: "
               f"{sorted(p.name for p in path.iterdir() if p.suffix in FORMATS) or 'no prompt files'}{hint}")
     try:  # read here, so a malformed file stops the recipe before any worker starts
-        load_prompt_set(path, env.dataset.split, env.dataset.prompt_key)
+        prompts = load_prompt_set(path, env.dataset.split, env.dataset.prompt_key)
     except (ValueError, TypeError, ImportError) as err:
         _fail(f"env.{split}.dataset.path={env.dataset.path!r}: {err}")
+    if any(part["model"] == "geneval" for _, part in _reward_parts(cfg, split)):
+        _check_geneval_records(f"env.{split}.dataset.path={env.dataset.path!r}", prompts)
+
+
+def _check_geneval_records(where: str, prompts: Any) -> None:
+    """``reward.model=geneval`` scores each prompt against its GenEval record; without one it could only score 0."""
+    from rlrunner.rewards.geneval.scoring import check_metadata
+
+    for prompt, record in zip(prompts.prompts, prompts.metadata):
+        if problem := check_metadata(record):
+            _fail(f"{where}: prompt {prompt[:60]!r}: {problem}; reward.model=geneval needs a .jsonl (or .parquet) "
+                  f"of GenEval records (tag, include, exclude), e.g. examples/diffusion/data/geneval/test.jsonl")
 
 
 def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, dict[str, Any]]]:

@@ -211,6 +211,11 @@ def test_recipe_and_shipped_records(monkeypatch):
     records = [json.loads(line) for line in test_file.read_text().splitlines()]
     assert len(records) == cfg.env.eval.total_num_envs == 2212
     assert [check_metadata(r) for r in records] == [None] * len(records)
+    # plain-text prompts carry no records: the recipe stops before any worker starts, naming the file and prompt
+    from rlrunner.config.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"env.train.dataset.path=.*tiny_ocr.*GenEval tag None.*needs a .jsonl"):
+        load_recipe("sd3_nft_geneval", ["env.train.dataset.path=examples/diffusion/data/tiny_ocr"])
 
 
 def test_detector_server_http_side_feeds_the_reward(tmp_path):
