@@ -2,7 +2,8 @@
 
 ``examples/diffusion/run_diffusion.sh`` calls this with ``--log-dir``; used directly, it makes
 ``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself. User errors print one line and exit with status 2; a worker
-that raised, died or hung ends the run with status 1 and a last line naming its component and rank.
+that raised, died or hung ends the run with status 1 and a last line naming its component and rank (a node that
+lacks rlrunner or a recipe folder is a user error: status 2, one line naming the node and the fix).
 """
 
 from __future__ import annotations
@@ -84,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 0
     from rlrunner.checkpoint import CheckpointError
-    from rlrunner.cluster import PlacementError, WorkerError
+    from rlrunner.cluster import NodeSetupError, PlacementError, WorkerError
     from rlrunner.rewards import RewardUnavailable
     from rlrunner.runner import run
 
     try:
         run(cfg, log_dir)
-    except (RecipeError, CheckpointError, PlacementError) as err:
+    except (RecipeError, CheckpointError, PlacementError, NodeSetupError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except RewardUnavailable as err:  # no sample could be scored for runner.max_reward_error_steps steps

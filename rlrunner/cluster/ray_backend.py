@@ -36,6 +36,13 @@ from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits,
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
+from rlrunner.cluster.shipping import (
+    NodeSetupError,
+    check_readable,
+    import_failure_line,
+    job_runtime_env,
+    missing_module,
+)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
@@ -63,7 +70,11 @@ class _WorkerHost:
                 "port": find_free_port()}
 
     def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
-        """Set the env vars, then build ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
+        """Set the env vars, then build ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``, after
+        checking that this node can read the local folders the worker will load (its ``node_paths``, if any)."""
+        node_paths = getattr(worker_cls, "node_paths", None)
+        if node_paths is not None:
+            check_readable(node_paths(*args, **kwargs))
         os.environ.update(env)
         self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
 
@@ -197,13 +208,24 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
                 results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
             except RayTaskError as exc:
                 text = _plain(str(exc))
+                _raise_setup_failure(role, rank, ips[rank], text, exc.cause)
                 raise WorkerError(role, rank, ips[rank], f"raised in {method!r}: {last_line(text)}", text) from None
             except RayActorError as exc:
+                text = _plain(str(exc))
+                _raise_setup_failure(role, rank, ips[rank], text)
                 what = f"died during {method!r} (its process exited or was killed)"
-                raise WorkerError(role, rank, ips[rank], what, _plain(str(exc))) from None
+                raise WorkerError(role, rank, ips[rank], what, text) from None
             except (RayError, GetTimeoutError) as exc:
                 raise WorkerError(role, rank, ips[rank], f"failed in {method!r}", repr(exc)) from None
     return [results[rank] for rank, _ in refs]
+
+
+def _raise_setup_failure(role: str, rank: int, where: str, text: str, cause: BaseException | None = None) -> None:
+    """Raise :class:`NodeSetupError` (one line) when a worker failed because its node lacks rlrunner or a folder."""
+    if isinstance(cause, NodeSetupError):
+        raise NodeSetupError(f"{role} worker rank {rank} on {where} {cause}") from None
+    if (module := missing_module(text)) is not None:
+        raise NodeSetupError(f"{role} worker rank {rank} on {where} {import_failure_line(module)}") from None
 
 
 def _plain(text: str) -> str:
@@ -242,7 +264,9 @@ class RayCluster(Cluster):
 
         address = getattr(cluster_cfg, "ray_address", "") or os.environ.get("RAY_ADDRESS", "")
         if not ray.is_initialized() and address:
-            ray.init(address=address, log_to_driver=True)
+            # the cluster's nodes need not have the checkout: the job brings the rlrunner package along
+            runtime_env = job_runtime_env(bool(getattr(cluster_cfg, "ship_code", True)))
+            ray.init(address=address, log_to_driver=True, runtime_env=runtime_env or None)
             self._started_ray = True
         if placement is None:  # after connecting, so detection sees the cluster's nodes
             n_per_node = detect_devices_per_node(cluster_cfg)
@@ -322,9 +346,8 @@ class RayCluster(Cluster):
         try:
             serial = next(_SPAWNS)
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
-            unknown = ["(node not known yet)"] * len(hosts)
             started = [(rank, h.node_info.remote()) for rank, h in enumerate(hosts)]
-            infos = gather(role, unknown, "start", started, self.worker_timeout_s)
+            infos = gather(role, [self._node_name(d) for d in devices], "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
             master = (ips[0], infos[0]["port"])
             refs = [
@@ -342,6 +365,11 @@ class RayCluster(Cluster):
         group = RayWorkerGroup(self, role, devices, hosts, locations)
         self._groups.append(group)
         return group
+
+    def _node_name(self, device: int) -> str:
+        """How messages name the node a device's bundle is pinned to, before its worker reports where it runs."""
+        node = self.placement.node_of(device)
+        return f"node {node} = {self.nodes[node].describe()}"
 
     @staticmethod
     def _env(rank: int, node_ids: list[str], master_addr: str, master_port: int) -> dict[str, str]:

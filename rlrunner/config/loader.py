@@ -16,6 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
+from rlrunner.config.paths import make_paths_absolute
 from rlrunner.config.schema import RecipeConfig
 from rlrunner.config.validate import validate
 
@@ -103,7 +104,8 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
 
     ``check_datasets=False`` accepts a recipe whose prompt files are absent (for tools that read no prompts).
 
-    Returns a struct-mode, read-only :class:`DictConfig`; raises :class:`RecipeError` on any user error.
+    Returns a struct-mode, read-only :class:`DictConfig` whose local paths are absolute
+    (:mod:`rlrunner.config.paths`); raises :class:`RecipeError` on any user error.
     """
     path = recipe_path(name, config_dir)
     schema = OmegaConf.structured(RecipeConfig)
@@ -129,6 +131,7 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
         raise RecipeError(f"{path}: cannot resolve interpolation at {getattr(err, 'full_key', '?')!r}: "
                           f"{str(err).splitlines()[0]}") from None
     validate(cfg, base_dir=Path(os.getcwd()), check_datasets=check_datasets)
+    make_paths_absolute(cfg, Path(os.getcwd()))  # workers run elsewhere: relative paths mean nothing there
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

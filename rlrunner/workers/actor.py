@@ -12,7 +12,7 @@ import torch
 from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
 from rlrunner.batch import Batch
 from rlrunner.cluster.parallelize import local_shards, parallelize
-from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
+from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model, local_model_paths
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
@@ -32,6 +32,11 @@ class ActorWorker:
     Methods that gather full tensors (``ema_update`` aside, everything that returns or writes adapters or
     optimizer state) must be called on every rank; rank 0 returns the result.
     """
+
+    @staticmethod
+    def node_paths(actor_cfg: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
+        """The local folders this worker reads (checked on its node before it starts)."""
+        return local_model_paths(actor_cfg.model)
 
     def __init__(self, actor_cfg: Any, algorithm_cfg: Any, num_train_steps: int, *, rank: int = 0,
                  world_size: int = 1) -> None:
