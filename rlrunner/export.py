@@ -15,9 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from rlrunner.checkpoint import MANIFEST, CheckpointError, resolve_resume_dir
-
-ADAPTER_DIRS = {"default": "adapter", "ema": "adapter_ema"}
+from rlrunner.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError, resolve_resume_dir
 
 
 def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:

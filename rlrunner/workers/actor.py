@@ -29,8 +29,9 @@ class ActorWorker:
     in micro-batches with gradient accumulation, through torch's DDP or FSDP2 (``actor.strategy``, see
     :mod:`rlrunner.cluster.parallelize`), which average the gradients over ranks. Each sample's training noise
     is seeded by its global index in the step's batch, so the result does not depend on the number of ranks.
-    Methods that gather full tensors (``ema_update`` aside, everything that returns or writes adapters or
-    optimizer state) must be called on every rank; rank 0 returns the result.
+    Methods that gather full tensors (``ema_update`` aside, everything that returns adapters or optimizer state)
+    must be called on every rank; rank 0 returns the result. The actor writes no files: the driver writes the
+    checkpoint (adapters in diffusers' format included) from what :meth:`state_dict` returns.
     """
 
     @staticmethod
@@ -179,11 +180,3 @@ class ActorWorker:
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         set_rng_state(state["rng"])
         self.optimizer_steps = state["optimizer_steps"]
-
-    def save_adapters(self, checkpoint_dir: str) -> None:
-        """Write both adapters in diffusers' LoRA format (``pipe.load_lora_weights(dir)``). Every rank must call
-        it (FSDP2 gathers the shards); rank 0 writes."""
-        weights = self.lora_weights()
-        if weights is not None:
-            self.model.save_lora(f"{checkpoint_dir}/adapter", TRAINED_ADAPTER, weights[TRAINED_ADAPTER])
-            self.model.save_lora(f"{checkpoint_dir}/adapter_ema", EMA_ADAPTER, weights[EMA_ADAPTER])
