@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint
+from rlrunner.checkpoint import ADAPTER_DIRS, latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint
 from rlrunner.cluster import create_cluster, write_placement_report
 from rlrunner.cluster.parallelize import optimizer_step_shards
 from rlrunner.config.loader import to_yaml
@@ -32,12 +32,13 @@ from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_prompts
 from rlrunner.logger import RunLogger, StepTimer
+from rlrunner.models import model_class
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
-from rlrunner.workers.env import EnvWorker
+from rlrunner.workers.env import SPLITS, EnvWorker
 from rlrunner.workers.rollout import RolloutWorker
 
 logger = logging.getLogger("rlrunner")
@@ -65,7 +66,9 @@ class Runner:
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
                                      algorithm_cfg=alg)
-        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
+        # the env workers get their rewards' settings only: nothing of the log folder (video_cfg) leaves the driver
+        rewards = OmegaConf.create({split: {"reward": env[split].reward} for split in SPLITS})
+        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], rewards)
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
         self.step = 0
@@ -307,14 +310,22 @@ class Runner:
                  # a rollout started ahead is replayed on resume: its prompts and the adapters that sampled it
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
+        actor_state = self.actor.call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
         path = save_checkpoint(
-            root, self.step, runner_state=state, actor_states=self.actor.call("state_dict")[:1],  # rank-independent
-            config_yaml=to_yaml(self.cfg), model_info=self.model_info,
-            write_adapters=lambda d: self.actor.call("save_adapters", str(d)),
+            root, self.step, runner_state=state, actor_states=[actor_state], config_yaml=to_yaml(self.cfg),
+            model_info=self.model_info, write_adapters=lambda d: self.write_adapters(d, actor_state["adapters"]),
             keep_last_n=self.cfg.runner.keep_last_n,
         )
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
         return path
+
+    def write_adapters(self, directory: Path, adapters: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Both adapters' tensors (the actor's ``state_dict()["adapters"]``) in diffusers' LoRA format, written here
+        on the driver: the actor's node may not see the log folder."""
+        model = self.cfg.actor.model
+        for name, folder in ADAPTER_DIRS.items():
+            model_class(model.model_type).write_lora_files(str(directory / folder), adapters[name],
+                                                           model[model.model_type])
 
     def resume(self, resume_dir: str) -> None:
         log_root, run_name = Path(self.cfg.runner.logger.log_path), self.log_dir.name.split("-", 2)[-1]
