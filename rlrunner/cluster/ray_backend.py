@@ -180,8 +180,11 @@ class RayWorkerGroup(WorkerGroup):
         return gather(self.role, self.node_ips, method, refs, timeout_s or self._cluster.worker_timeout_s)
 
 
-def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any]], timeout_s: float) -> list[Any]:
-    """Results of ``refs`` (``(rank, ref)`` pairs) in order; the first failure or a timeout raises WorkerError.
+def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any]], timeout_s: float,
+           nodes: Sequence[str] | None = None) -> list[Any]:
+    """Results of ``refs`` (``(rank, ref)`` pairs) in order; the first failure or a timeout raises WorkerError, a
+    node that lacks rlrunner or a folder raises NodeSetupError (naming each rank's node by ``nodes``, default
+    ``ips``).
 
     Fails fast: a rank that dies is reported as soon as Ray knows, even while other ranks still run (they may
     be blocked in a collective waiting for the dead one).
@@ -208,11 +211,11 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
                 results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
             except RayTaskError as exc:
                 text = _plain(str(exc))
-                _raise_setup_failure(role, rank, ips[rank], text, exc.cause)
+                _raise_setup_failure(role, rank, (nodes or ips)[rank], text, exc.cause)
                 raise WorkerError(role, rank, ips[rank], f"raised in {method!r}: {last_line(text)}", text) from None
             except RayActorError as exc:
                 text = _plain(str(exc))
-                _raise_setup_failure(role, rank, ips[rank], text)
+                _raise_setup_failure(role, rank, (nodes or ips)[rank], text)
                 what = f"died during {method!r} (its process exited or was killed)"
                 raise WorkerError(role, rank, ips[rank], what, text) from None
             except (RayError, GetTimeoutError) as exc:
@@ -347,14 +350,15 @@ class RayCluster(Cluster):
             serial = next(_SPAWNS)
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
             started = [(rank, h.node_info.remote()) for rank, h in enumerate(hosts)]
-            infos = gather(role, [self._node_name(d) for d in devices], "start", started, self.worker_timeout_s)
+            names = [self._node_name(d) for d in devices]
+            infos = gather(role, names, "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
             master = (ips[0], infos[0]["port"])
             refs = [
                 (rank, host.construct.remote(self._env(rank, node_ids, *master), worker_cls, args, kwargs))
                 for rank, host in enumerate(hosts)
             ]
-            gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s)
+            gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s, nodes=names)
         except BaseException:  # includes KeyboardInterrupt: never leak actors or slots
             self._kill(hosts)
             for d in devices:
