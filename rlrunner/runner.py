@@ -320,12 +320,10 @@ class Runner:
         return path
 
     def write_adapters(self, directory: Path, adapters: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Both adapters' tensors (the actor's ``state_dict()["adapters"]``) in diffusers' LoRA format, written here
-        on the driver: the actor's node may not see the log folder."""
-        model = self.cfg.actor.model
+        """Both adapters (the actor's ``state_dict()["adapters"]``) in diffusers' LoRA format, written by the driver."""
+        model, family = self.cfg.actor.model, model_class(self.cfg.actor.model.model_type)
         for name, folder in ADAPTER_DIRS.items():
-            model_class(model.model_type).write_lora_files(str(directory / folder), adapters[name],
-                                                           model[model.model_type])
+            family.write_lora_files(str(directory / folder), adapters[name], model[model.model_type])
 
     def resume(self, resume_dir: str) -> None:
         log_root, run_name = Path(self.cfg.runner.logger.log_path), self.log_dir.name.split("-", 2)[-1]

@@ -36,13 +36,7 @@ from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits,
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
-from rlrunner.cluster.shipping import (
-    NodeSetupError,
-    check_readable,
-    import_failure_line,
-    job_runtime_env,
-    missing_module,
-)
+from rlrunner.cluster.shipping import check_readable, job_runtime_env, setup_failure
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
@@ -182,9 +176,8 @@ class RayWorkerGroup(WorkerGroup):
 
 def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any]], timeout_s: float,
            nodes: Sequence[str] | None = None) -> list[Any]:
-    """Results of ``refs`` (``(rank, ref)`` pairs) in order; the first failure or a timeout raises WorkerError, a
-    node that lacks rlrunner or a folder raises NodeSetupError (naming each rank's node by ``nodes``, default
-    ``ips``).
+    """Results of ``refs`` (``(rank, ref)`` pairs) in order; the first failure or a timeout raises WorkerError
+    (NodeSetupError when a node lacks rlrunner or a folder, naming rank r's node ``nodes[r]``, default ``ips[r]``).
 
     Fails fast: a rank that dies is reported as soon as Ray knows, even while other ranks still run (they may
     be blocked in a collective waiting for the dead one).
@@ -200,10 +193,7 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
         ready = ray.wait(list(pending), num_returns=1, timeout=max(remaining, 0))[0] if remaining > 0 else []
         if not ready:
             late = sorted(pending.values())
-            what = (
-                f"did not finish {method!r} within {timeout_s:g} s (cluster.worker_timeout_s); "
-                f"ranks still running: {late}"
-            )
+            what = f"did not finish {method!r} within {timeout_s:g} s (cluster.worker_timeout_s); ranks still running: {late}"
             raise WorkerError(role, late[0], ips[late[0]], what)
         for ref in ready:
             rank = pending.pop(ref)
@@ -211,24 +201,18 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
                 results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
             except RayTaskError as exc:
                 text = _plain(str(exc))
-                _raise_setup_failure(role, rank, (nodes or ips)[rank], text, exc.cause)
+                if setup := setup_failure(f"{role} worker rank {rank} on {(nodes or ips)[rank]}", text, exc.cause):
+                    raise setup from None
                 raise WorkerError(role, rank, ips[rank], f"raised in {method!r}: {last_line(text)}", text) from None
             except RayActorError as exc:
                 text = _plain(str(exc))
-                _raise_setup_failure(role, rank, (nodes or ips)[rank], text)
+                if setup := setup_failure(f"{role} worker rank {rank} on {(nodes or ips)[rank]}", text):
+                    raise setup from None
                 what = f"died during {method!r} (its process exited or was killed)"
                 raise WorkerError(role, rank, ips[rank], what, text) from None
             except (RayError, GetTimeoutError) as exc:
                 raise WorkerError(role, rank, ips[rank], f"failed in {method!r}", repr(exc)) from None
     return [results[rank] for rank, _ in refs]
-
-
-def _raise_setup_failure(role: str, rank: int, where: str, text: str, cause: BaseException | None = None) -> None:
-    """Raise :class:`NodeSetupError` (one line) when a worker failed because its node lacks rlrunner or a folder."""
-    if isinstance(cause, NodeSetupError):
-        raise NodeSetupError(f"{role} worker rank {rank} on {where} {cause}") from None
-    if (module := missing_module(text)) is not None:
-        raise NodeSetupError(f"{role} worker rank {rank} on {where} {import_failure_line(module)}") from None
 
 
 def _plain(text: str) -> str:
@@ -267,9 +251,8 @@ class RayCluster(Cluster):
 
         address = getattr(cluster_cfg, "ray_address", "") or os.environ.get("RAY_ADDRESS", "")
         if not ray.is_initialized() and address:
-            # the cluster's nodes need not have the checkout: the job brings the rlrunner package along
-            runtime_env = job_runtime_env(bool(getattr(cluster_cfg, "ship_code", True)))
-            ray.init(address=address, log_to_driver=True, runtime_env=runtime_env or None)
+            runtime_env = job_runtime_env(bool(getattr(cluster_cfg, "ship_code", True)))  # nodes lack the checkout
+            ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
             self._started_ray = True
         if placement is None:  # after connecting, so detection sees the cluster's nodes
             n_per_node = detect_devices_per_node(cluster_cfg)

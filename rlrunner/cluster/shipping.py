@@ -28,10 +28,10 @@ class NodeSetupError(RuntimeError):
     """A node lacks something a worker needs to start (the rlrunner package, a folder of the recipe)."""
 
 
-def job_runtime_env(ship_code: bool) -> dict[str, Any]:
+def job_runtime_env(ship_code: bool) -> dict[str, Any] | None:
     """Ray ``runtime_env`` of a job that joins a cluster: the rlrunner package as a ``py_module`` when
-    ``ship_code``, nothing when the nodes have rlrunner installed (``cluster.ship_code: false``)."""
-    return {"py_modules": [str(PACKAGE_DIR)], "excludes": SHIP_EXCLUDES} if ship_code else {}
+    ``ship_code``, None when the nodes have rlrunner installed (``cluster.ship_code: false``)."""
+    return {"py_modules": [str(PACKAGE_DIR)], "excludes": SHIP_EXCLUDES} if ship_code else None
 
 
 def missing_module(error_text: str) -> str | None:
@@ -49,6 +49,15 @@ def import_failure_line(module: str) -> str:
     """The end of the one line for a node without rlrunner: what is missing and the two fixes."""
     return (f"cannot import {module} (rlrunner is not installed there); install the driver's rlrunner on that node, "
             "or set cluster.ship_code=true so that the driver ships it with the job")
+
+
+def setup_failure(worker: str, error_text: str, cause: BaseException | None = None) -> NodeSetupError | None:
+    """The one-line error of ``worker`` (``"actor worker rank 0 on <node>"``) when it failed because its node lacks
+    rlrunner or a folder (Ray's text of the failure and, for a task error, its cause); None for any other failure."""
+    if isinstance(cause, NodeSetupError):
+        return NodeSetupError(f"{worker} {cause}")
+    module = missing_module(error_text)
+    return None if module is None else NodeSetupError(f"{worker} {import_failure_line(module)}")
 
 
 def check_readable(paths: Mapping[str, str]) -> None:

@@ -23,7 +23,7 @@ def test_the_job_ships_the_package_folder_only_unless_the_nodes_have_it():
     assert env["py_modules"] == [str(Path(rlrunner.__file__).resolve().parent)]
     assert (Path(env["py_modules"][0]) / "cluster" / "shipping.py").is_file()
     assert "__pycache__" in env["excludes"]
-    assert job_runtime_env(False) == {}
+    assert job_runtime_env(False) is None
 
 
 def test_the_missing_module_is_read_from_rays_text():
