@@ -146,6 +146,14 @@ def resolve_resume_dir(resume_dir: str, log_root: Path, run_name: str) -> Path:
     return ckpts[-1]
 
 
+def _same_setting(key: str, saved: Any, expected: Any) -> bool:
+    """Whether a manifest's ``key`` matches the resuming recipe's; a relative ``model_path`` (checkpoints written
+    before recipe paths were made absolute) is taken from the working directory, as its run took it."""
+    if key == "model_path" and isinstance(saved, str) and saved and not os.path.isabs(saved):
+        return saved == expected or os.path.normpath(os.path.join(os.getcwd(), saved)) == expected
+    return saved == expected
+
+
 def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: int) -> dict[str, Any]:
     """Read and check a checkpoint; returns ``{"manifest", "runner", "actor": [state]}`` (one rank-independent
     actor state, for all ``actor_world_size`` ranks of the resuming run)."""
@@ -157,7 +165,7 @@ def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: in
         raise CheckpointError(f"checkpoint {path} has format_version {manifest.get('format_version')}, this rlrunner "
                               f"reads {FORMAT_VERSION}; resume it with the rlrunner version that wrote it")
     for key, expected in model_info.items():
-        if manifest.get(key) != expected:
+        if not _same_setting(key, manifest.get(key), expected):
             raise CheckpointError(f"checkpoint {path} was made with {key}={manifest.get(key)!r}, this recipe has "
                                   f"{key}={expected!r}; resume with the same model and LoRA settings")
     missing = [name for name in ("runner.pt", "actor/rank_0.pt") if not (path / name).is_file()]

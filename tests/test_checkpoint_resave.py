@@ -1,5 +1,6 @@
 """Re-saving a step keeps the old checkpoint until the new one is in place: a SIGKILL between setting the old aside
-and renaming the new in loses nothing, and resume resolution finds the set-aside copy."""
+and renaming the new in loses nothing, and resume resolution finds the set-aside copy. Checkpoints from before
+recipe paths were made absolute still resume."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from rlrunner.checkpoint import complete_checkpoints, load_checkpoint, resolve_resume_dir, save_checkpoint
+from rlrunner.checkpoint import (
+    CheckpointError,
+    complete_checkpoints,
+    load_checkpoint,
+    resolve_resume_dir,
+    save_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # saves step 2 twice in the run folder argv[1]; the re-save is killed right before the new copy is renamed in
@@ -70,3 +78,14 @@ def test_a_resave_replaces_the_old_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_2"]
     assert complete_checkpoints(tmp_path) == [final]
     assert torch.load(final / "runner.pt", weights_only=False)["marker"] == "second"
+
+
+def test_a_checkpoint_with_a_relative_model_path_resumes_from_the_folder_it_was_run_in(tmp_path, monkeypatch):
+    """Checkpoints written before recipe paths were made absolute hold model_path as the recipe gave it."""
+    (tmp_path / "model").mkdir()
+    ckpt = save_checkpoint(tmp_path / "checkpoints", 1, runner_state={}, actor_states=[{"adapters": {"ema": {}}}],
+                           config_yaml="", model_info={"model_path": "model"}, write_adapters=lambda d: None)
+    monkeypatch.chdir(tmp_path)
+    assert load_checkpoint(ckpt, {"model_path": str(tmp_path / "model")}, actor_world_size=1)["manifest"]
+    with pytest.raises(CheckpointError, match="model_path='model', this recipe has model_path="):
+        load_checkpoint(ckpt, {"model_path": str(tmp_path / "other")}, actor_world_size=1)
