@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/data_plane.py                    # the four GPU recipes at their real model sizes
     .venv/bin/python bench/data_plane.py --recipe sd3_nft_ocr --model-folder sd3=/models/sd35m
+    .venv/bin/python bench/data_plane.py --recipe sd3_nft_ocr --set algorithm.name=flow_grpo   # recipe overrides
 
 Shapes come from the recipes' batch sizes and each family's ``sample_shapes`` applied to the model folder's config
 files (default: the config-only copies of the published checkpoints in ``bench/model_configs/``; no weights are
@@ -15,6 +16,11 @@ read). Per step of N samples (N / group_size prompts):
 
 In both, rewards cross env -> driver and advantages driver -> actor (float32, one per sample, or per latent-frame
 chunk for ``grpo_video``). Prints the tensors and the ratios new / today.
+
+Then the training bytes each actor rank fetches per step (x0 and the algorithm's kept latents, the conditioning of
+the prompts its rows belong to, once each, and an int64 prompt index per row), and per node, for 1 and 8 actor ranks
+per node: today every rank fetches every rollout shard's whole training part and keeps 1/ranks of it; now each
+rank fetches only its rows (:class:`rlrunner.sample_order.TrainPlan`, the runner's own cut of step 0).
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import torch
+
 from rlrunner.cluster.placement import parse_placement
 from rlrunner.config.loader import load_recipe
+from rlrunner.sample_order import TrainPlan
 from rlrunner.sizing.memory import ModelSizes, StepGeometry, format_bytes, model_sizes, step_geometry
 
 CONFIGS = ROOT / "bench" / "model_configs"
@@ -72,8 +81,37 @@ def step_flows(sizes: ModelSizes, geometry: StepGeometry, rewards_per_sample: in
     ]
 
 
-def report(recipe: str, folder: Path) -> list[str]:
-    cfg = load_recipe(recipe, [f"actor.model.model_path={folder}", "cluster.num_devices_per_node=1"],
+def training_bytes(sizes: ModelSizes, geometry: StepGeometry, samples: torch.Tensor) -> int:
+    """Bytes of the training rows ``samples`` (sample indices of a step): latents, their prompts' conditioning once
+    (a prompt's group is contiguous, so its prompt is ``index // group_size``) and an int64 prompt index each."""
+    prompts = len(torch.unique(samples // geometry.group_size))
+    rows = len(samples)
+    return sizes.latent_bytes(rows) * (1 + geometry.kept_latents) + sizes.cond_bytes(prompts) + rows * INDEX_BYTES
+
+
+def actor_fetch_lines(sizes: ModelSizes, geometry: StepGeometry, seed: int, global_batch_size: int) -> list[str]:
+    """Training bytes fetched per actor rank and per node, today (every rank fetches all) vs now (its own rows)."""
+    everything = training_bytes(sizes, geometry, torch.arange(geometry.samples))
+    lines = [(f"  training bytes fetched per step by the actor{'':<8}{'today: rank':>13}{'node':>12}"
+             f"{'now: rank':>13}{'node':>12}{'rank now/today':>16}")]
+    for nodes, per_node in ((1, 1), (1, 8), (8, 1)):
+        ranks = nodes * per_node
+        plan = TrainPlan.build(seed, 0, geometry.samples, global_batch_size, ranks)
+        mine = [training_bytes(sizes, geometry, plan.samples(r)) for r in range(ranks)]
+        prompts = max(len(torch.unique(plan.samples(r) // geometry.group_size)) for r in range(ranks))
+        worst = max(mine)
+        lines.append(f"  {f'{ranks} rank(s), {per_node} per node ({prompts}/{geometry.prompts} prompts a rank)':<46}"
+                     f"{format_bytes(everything):>13}{format_bytes(per_node * everything):>12}"
+                     f"{format_bytes(worst):>13}{format_bytes(per_node * worst):>12}{worst / everything:>16.4f}")
+    own_cond = sizes.cond_bytes(prompts)
+    lines.append(f"  8 ranks: a rank's bytes {format_bytes(worst)} <= today / 8 + the conditioning of its own prompts "
+                 f"= {format_bytes(everything // 8)} + {format_bytes(own_cond)}: "
+                 f"{worst <= everything / 8 + own_cond}")
+    return lines
+
+
+def report(recipe: str, folder: Path, overrides: list[str]) -> list[str]:
+    cfg = load_recipe(recipe, [f"actor.model.model_path={folder}", "cluster.num_devices_per_node=1", *overrides],
                       check_datasets=False)
     sizes = model_sizes(cfg.actor.model, folder)
     placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes, 1)
@@ -86,7 +124,8 @@ def report(recipe: str, folder: Path) -> list[str]:
     cond = next(f for f in flows if f.name == "text conditioning")
     where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
     cond_shapes = {name: list(shape) for name, (shape, _) in sizes.shapes.cond.items()}
-    lines = [(f"{recipe}: {cfg.actor.model.model_type} from {where}; {geometry.samples} samples = {geometry.prompts} "
+    lines = [(f"{' '.join([recipe, *overrides])}: {cfg.actor.model.model_type} from {where}; {geometry.samples} "
+              f"samples = {geometry.prompts} "
               f"prompts x group {geometry.group_size}; latent {list(sizes.shapes.latent)}, pixels "
               f"{list(sizes.shapes.pixels)}, conditioning {cond_shapes}"),
              f"  {'tensor':<26}{'today: driver':>15}{'crosses':>12}{'new: driver':>15}{'crosses':>12}"]
@@ -97,7 +136,7 @@ def report(recipe: str, folder: Path) -> list[str]:
                  f"(<= 1/group_size = {1 / geometry.group_size:.4f}: once per prompt and one hop instead of two); "
                  f"driver materialises {new_driver / today_driver:.4f} (logged samples and scalars only); "
                  f"all bytes crossing {new_cross / today_cross:.4f}")
-    return lines
+    return lines + actor_fetch_lines(sizes, geometry, cfg.runner.seed, cfg.actor.global_batch_size)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="recipe to report (repeatable; default: all four GPU recipes)")
     parser.add_argument("--model-folder", action="append", default=[], metavar="RECIPE=FOLDER",
                         help="model folder (config files suffice) for a recipe instead of bench/model_configs/")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="recipe override applied to every reported recipe (repeatable)")
     args = parser.parse_args(argv)
     folders = dict(REFERENCE_RECIPES)
     for item in args.model_folder:
@@ -115,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--model-folder {item!r}: expected RECIPE=FOLDER with RECIPE one of {sorted(folders)}")
         folders[recipe] = Path(folder).resolve()
     for recipe in args.recipe or list(REFERENCE_RECIPES):
-        print("\n".join(report(recipe, folders[recipe])) + "\n")
+        print("\n".join(report(recipe, folders[recipe], args.set)) + "\n")
     print("Text lengths are the recipes' max_sequence_length (Qwen-Image pads to the longest prompt of a batch, so its "
           "conditioning is an upper bound); the rollout's own device tensors and Ray's per-object overhead are not "
           "counted.")

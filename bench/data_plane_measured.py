@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/data_plane_measured.py                       # tiny_nft_ocr, 2 steps (~1-2 min on CPU)
     .venv/bin/python bench/data_plane_measured.py --steps 3 env.train.total_num_envs=32   # dotted overrides
+    .venv/bin/python bench/data_plane_measured.py --actor-ranks 2       # DDP over gloo: what each rank fetches
 
-Actor, rollout and env run as separate Ray actors (3 CPU "devices"). Every size is the pickled size (protocol 5)
-of what crosses a process boundary, summed per step: what the driver receives from each worker method and sends
-to it, and what the actor and env workers fetch from the rollout workers' results in the object store. The last
+Actor (``--actor-ranks`` CPU "devices"), rollout and env run as separate Ray actors. Every size is the pickled size
+(protocol 5) of what crosses a process boundary, summed per step: what the driver receives from each worker method
+and sends to it, and what each actor rank and the env workers fetch from the rollout workers' results in the object
+store. The last
 table is what a driver that relays the rollout (the data plane before object references and once-per-prompt
 conditioning) would receive and send, built from the same measured tensors, and the ratio.
 """
@@ -68,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="tiny_nft_ocr")
     parser.add_argument("--steps", type=int, default=2, help="training steps; step 1 logs samples, later ones not")
+    parser.add_argument("--actor-ranks", type=int, default=1, help="actor ranks (each fetches only its own rows)")
     parser.add_argument("overrides", nargs="*", help="dotted recipe overrides, as for the launcher")
     args = parser.parse_args()
     import ray
@@ -88,11 +91,13 @@ def main() -> None:
 
     ray_backend.gather, ray_backend.RayWorkerGroup._submit = gather, submit
     runner_module.ActorWorker, runner_module.EnvWorker = MeasuredActor, MeasuredEnv
+    n = args.actor_ranks
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_recipe(args.recipe, [
             f"runner.max_steps={args.steps}", "runner.val_before_train=false", "runner.val_check_interval=0",
             "runner.save_interval=0", f"runner.logger.log_path={tmp}", "cluster.backend=ray",
-            "cluster.num_devices_per_node=3", "cluster.component_placement={actor: 0, rollout: 1, env: 2}",
+            f"cluster.num_devices_per_node={n + 2}",
+            f"cluster.component_placement={{actor: 0-{n - 1}, rollout: {n}, env: {n + 1}}}",
             *args.overrides])
         with create_cluster(cfg.cluster) as cluster:
             runner = runner_module.Runner(cfg, Path(tmp), cluster)
@@ -108,12 +113,17 @@ def main() -> None:
                     print(f"  driver <- {name:28s} {value:>12,}")
                 for name, value in sorted(step_sent.items()):
                     print(f"  driver -> {name:28s} {value:>12,}")
-                for name, value in actor[0].items():
-                    print(f"  actor rank 0 <- rollout {name:40s} {value:>12,}")
+                for rank, fetched in enumerate(actor):
+                    for name, value in fetched.items():
+                        print(f"  actor rank {rank} <- rollout {name:40s} {value:>12,}")
                 print(f"  env workers <- rollout scored parts (images, prompts)          {sum(env):>12,}")
             runner.close()
-    once, repeated = actor[0]["  of which conditioning (once per prompt)"], actor[0]["conditioning if repeated per sample"]
-    relayed = actor[0]["  of which x0"] + repeated + sum(env)  # x0, repeated conditioning, images: in, then out
+    actor_total = collections.Counter()
+    for fetched in actor:  # the ranks' rows partition the step's samples
+        actor_total.update(fetched)
+    once = actor_total["  of which conditioning (once per prompt)"]
+    repeated = actor_total["conditioning if repeated per sample"]
+    relayed = actor_total["  of which x0"] + repeated + sum(env)  # x0, repeated conditioning, images: in, then out
     now_in, now_out = step_received["rollout.generate"], step_sent["env.submit"] + step_sent["actor.update"]
     print(f"\nlast step, rollout data through the driver: relayed {relayed:,} in and out; now {now_in:,} in "
           f"({relayed / max(now_in, 1):.0f}x less), {now_out:,} out ({relayed / max(now_out, 1):.0f}x less)")

@@ -100,6 +100,16 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_adapters(directory: Path, adapters: dict[str, dict[str, torch.Tensor]], model_cfg: Any) -> None:
+    """Both adapters' tensors (the actor's ``state_dict()["adapters"]``) in diffusers' LoRA format, as the model's
+    ``save_lora`` writes them, without a model: the driver writes them (``model_cfg``: the recipe's actor.model)."""
+    from rlrunner.models import model_class  # the model families' modules load only when a checkpoint is written
+
+    family = model_class(model_cfg.model_type)
+    for name, folder in ADAPTER_DIRS.items():
+        family.write_lora_files(str(directory / folder), adapters[name], model_cfg[model_cfg.model_type])
+
+
 def complete_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints under ``root`` (one run's ``checkpoints/``), oldest first, one per step: its
     ``global_step_N``, or the ``global_step_N.old`` that a crash during a re-save of step N left instead."""

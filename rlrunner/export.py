@@ -1,10 +1,12 @@
-"""Export a trained adapter from a checkpoint for use in a diffusers pipeline.
+"""Export a trained adapter from a checkpoint, with a card that says how to load it.
 
-    python -m rlrunner.export logs/<run>/checkpoints/global_step_N --out my_lora [--adapter ema]
-    python -m rlrunner.export logs/<run> --out my_lora          # newest complete checkpoint of the run
+    bin/rlrunner export logs/<run>/checkpoints/global_step_N --out my_lora [--adapter ema]
+    bin/rlrunner export logs/<run> --out my_lora          # newest complete checkpoint of the run
 
-The output folder holds ``pytorch_lora_weights.safetensors`` (diffusers' LoRA format) and a README naming the
-base model, so that ``pipe = <Pipeline>.from_pretrained(base); pipe.load_lora_weights(out)`` applies it.
+The output folder holds ``pytorch_lora_weights.safetensors`` (diffusers' LoRA format), ``model.yaml`` (the run's
+``actor.model`` block with absolute paths and ``lora_path`` set to this folder, for rlrunner's ``build_model``) and
+a README naming the algorithm, the base model and how to load it: with the family's diffusers pipeline, or with
+rlrunner for the tiny model, which has no diffusers pipeline.
 """
 
 from __future__ import annotations
@@ -15,11 +17,64 @@ import shutil
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from rlrunner.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError, resolve_resume_dir
+from rlrunner.models import model_class
+
+ALGORITHM_TITLES = {"nft": "DiffusionNFT", "flow_grpo": "FlowGRPO", "awm": "AWM, Advantage Weighted Matching"}
+# families without a diffusers pipeline of their own (the tiny model saves its LoRA in diffusers' format only)
+RLRUNNER_ONLY_FAMILIES = ("tiny",)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def base_model_location(model_path: str) -> str:
+    """``model_path`` as an absolute folder (relative paths are taken from here, then from the repository root,
+    where the launcher runs), or unchanged when no such folder exists: a hub id."""
+    path = Path(model_path).expanduser()
+    for candidate in (path, REPO_ROOT / path):
+        if candidate.is_dir():
+            return str(candidate.resolve())
+    return model_path
+
+
+def model_card(algorithm: str, adapter: str, manifest: dict, base: str, checkpoint: Path, out_dir: Path) -> str:
+    """The exported folder's README: what trained the adapter, on which base model, and how to load it."""
+    model_type = manifest["model_type"]
+    lines = [
+        f"# LoRA adapter ({adapter}) trained with rlrunner ({ALGORITHM_TITLES.get(algorithm, algorithm)})\n",
+        f"- algorithm: `{algorithm}`",
+        f"- base model: `{base}` (model_type `{model_type}`)",
+        f"- LoRA rank {manifest['lora_rank']}, alpha {manifest['lora_alpha']}",
+        f"- from checkpoint `{checkpoint}` (global step {manifest['global_step']})\n",
+    ]
+    if model_type not in RLRUNNER_ONLY_FAMILIES:
+        pipeline = model_class(model_type).pipeline_class_name
+        lines += ["With diffusers:\n", "```python", f"from diffusers import {pipeline}",
+                  f"pipe = {pipeline}.from_pretrained({base!r})", f"pipe.load_lora_weights({str(out_dir)!r})", "```\n"]
+    else:
+        lines.append(f"The `{model_type}` model is rlrunner's own (no diffusers pipeline); load it with rlrunner.\n")
+    lines += [
+        "With rlrunner (in the environment the launcher uses: `bin/rlrunner python` in the rlrunner checkout):\n",
+        "```python",
+        "import torch",
+        "from omegaconf import OmegaConf",
+        "from rlrunner.models import build_model",
+        f"model = build_model(OmegaConf.load({str(out_dir / 'model.yaml')!r}))  # base model + this adapter",
+        "prompts = ['a sign that says \"2345\"']",
+        "x0 = model.sample(model.encode_prompts(prompts), torch.randn(len(prompts), *model.latent_shape),",
+        "                  sampler='euler', num_steps=10, adapter='default')",
+        "images = model.decode(x0)  # uint8 [B, H, W, 3]",
+        "```",
+        "",
+        f"In a recipe: `actor.model.model_path={base} actor.model.{model_type}.lora_path={out_dir}` starts from it.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:
-    """Copy ``adapter`` of ``checkpoint`` (a global_step_N dir or a run's log dir) to ``out``; returns ``out``."""
+    """Copy ``adapter`` of ``checkpoint`` (a global_step_N dir or a run's log dir) to ``out`` with its card and
+    ``model.yaml``; every file readable by all (0644). Returns ``out`` as an absolute path."""
     if adapter not in ADAPTER_DIRS:
         raise ValueError(f"unknown adapter {adapter!r}; valid: {sorted(ADAPTER_DIRS)}")
     path = resolve_resume_dir(checkpoint, Path("."), "")
@@ -29,22 +84,26 @@ def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:
     if not source.is_dir():
         raise CheckpointError(f"{path} has no {ADAPTER_DIRS[adapter]}/ folder")
     manifest = json.loads((path / MANIFEST).read_text())
-    out_dir = Path(out)
+    config = OmegaConf.load(path / "config.yaml")
+    out_dir = Path(out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     for file in source.iterdir():
-        shutil.copy2(file, out_dir / file.name)
-    (out_dir / "README.md").write_text(
-        f"# LoRA adapter ({adapter}) trained with rlrunner (DiffusionNFT)\n\n"
-        f"- base model: `{manifest['model_path']}` (model_type `{manifest['model_type']}`)\n"
-        f"- LoRA rank {manifest['lora_rank']}, alpha {manifest['lora_alpha']}\n"
-        f"- from checkpoint `{path}` (global step {manifest['global_step']})\n\n"
-        f"Load with `pipe.load_lora_weights(\"{out_dir}\")` on the base model's diffusers pipeline.\n"
-    )
+        shutil.copyfile(file, out_dir / file.name)  # not copy2: checkpoint files may be private (0600)
+    base = base_model_location(manifest["model_path"])
+    model_cfg = config.actor.model
+    model_cfg.model_path = base
+    model_cfg[model_cfg.model_type].lora_path = str(out_dir)
+    (out_dir / "model.yaml").write_text(OmegaConf.to_yaml(model_cfg))
+    card = model_card(str(config.algorithm.name), adapter, manifest, base, path.resolve(), out_dir)
+    (out_dir / "README.md").write_text(card)
+    for file in out_dir.iterdir():
+        if file.is_file():
+            file.chmod(0o644)
     return out_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlrunner.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="bin/rlrunner export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="global_step_N directory, or a run's log dir (newest checkpoint)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--adapter", default="default", choices=sorted(ADAPTER_DIRS),
@@ -55,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return 2
-    print(f"exported the {args.adapter} adapter to {out}")
+    print(f"exported the {args.adapter} adapter to {out} (how to load it: {out / 'README.md'})")
     return 0
 
 

@@ -31,26 +31,44 @@ class StepTimer:
         return {f"time/{phase}": value for phase, value in self.seconds.items()}
 
 
-def _caption(prompt: str) -> str:
+def _target(prompt: str) -> str:
     """The quoted target of a prompt (what the OCR reward looks for), else the prompt's start."""
     parts = prompt.split('"')
     return parts[1] if len(parts) >= 3 else prompt[:24]
 
 
-def sample_grid(images: np.ndarray, prompts: list[str], rewards: np.ndarray, columns: int = 4) -> np.ndarray:
-    """Tile uint8 ``[N, H, W, 3]`` images with a caption (target text and reward) under each; ``[H', W', 3]``."""
+def caption_lines(prompt: str, reward: float, read: str | None, width_chars: int) -> list[str]:
+    """Under a sample: its target and what the reward read (when the reward reports it), then the reward."""
+    lines = [f"target: {_target(prompt)!r}"]
+    if read is not None:
+        lines.append(f"read: {read!r}")
+    lines.append(f"reward: {reward:.2f}")
+    return [line[:width_chars] for line in lines]
+
+
+def sample_grid(images: np.ndarray, prompts: list[str], rewards: np.ndarray, title: str = "",
+                texts: list[str] | None = None, columns: int = 4) -> np.ndarray:
+    """Tile uint8 ``[N, H, W, 3]`` images under a ``title`` line (e.g. the split and step), with a caption under each
+    image (:func:`caption_lines`: target, ``texts[i]`` as read by the OCR when given, reward); ``[H', W', 3]``."""
     n, height, width = images.shape[:3]
     scale = max(1, 128 // max(height, 1))  # tiny images are enlarged so their captions stay readable
-    tile_w, tile_h, caption_h = width * scale, height * scale, 14
+    tile_w, tile_h, line_h = width * scale, height * scale, 12
+    caption_h = line_h * (3 if texts is not None else 2) + 4
+    title_h = line_h + 6 if title else 0
+    columns = max(1, min(columns, n))
     rows = math.ceil(n / columns)
-    grid = Image.new("RGB", (columns * tile_w, rows * (tile_h + caption_h)), "white")
+    grid = Image.new("RGB", (columns * tile_w, title_h + rows * (tile_h + caption_h)), "white")
     draw, font = ImageDraw.Draw(grid), ImageFont.load_default()
+    if title:
+        draw.text((2, 3), title, fill="black", font=font)
+    width_chars = max(8, tile_w // 6)  # the default font is about 6 pixels wide per character
     for i in range(n):
-        x, y = (i % columns) * tile_w, (i // columns) * (tile_h + caption_h)
+        x, y = (i % columns) * tile_w, title_h + (i // columns) * (tile_h + caption_h)
         tile = Image.fromarray(images[i]).resize((tile_w, tile_h), Image.NEAREST)
         grid.paste(tile, (x, y))
-        draw.text((x + 2, y + tile_h + 1), f"{_caption(prompts[i])[:20]} r={float(rewards[i]):.2f}", fill="black",
-                  font=font)
+        lines = caption_lines(prompts[i], float(rewards[i]), None if texts is None else texts[i], width_chars)
+        for k, line in enumerate(lines):
+            draw.text((x + 2, y + tile_h + 2 + k * line_h), line, fill="black", font=font)
     return np.asarray(grid)
 
 
@@ -78,10 +96,12 @@ class RunLogger:
             for name, value in clean.items():
                 self.writer.add_scalar(name, value, step)
 
-    def samples(self, tag: str, images: np.ndarray, prompts: list[str], rewards: np.ndarray, step: int) -> Path:
-        """A captioned grid of ``images`` (``[N, H, W, 3]``; video frames ``[N, F, H, W, 3]`` use frame 0)."""
+    def samples(self, tag: str, images: np.ndarray, prompts: list[str], rewards: np.ndarray, step: int,
+                texts: list[str] | None = None) -> Path:
+        """A captioned grid of ``images`` (``[N, H, W, 3]``; video frames ``[N, F, H, W, 3]`` use frame 0), titled
+        with ``tag``'s split and ``step``; ``texts``: what the OCR read in each image (frame 0), if known."""
         frames = images[:, 0] if images.ndim == 5 else images
-        grid = sample_grid(frames, prompts, rewards)
+        grid = sample_grid(frames, prompts, rewards, title=f"{tag.split('/')[0]} samples, step {step}", texts=texts)
         path = self.log_dir / "samples" / f"{tag.replace('/', '_')}_step{step:06d}.png"
         Image.fromarray(grid).save(path)
         if self.writer is not None:

@@ -13,7 +13,6 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +23,23 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import ADAPTER_DIRS, latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint
-from rlrunner.cluster import create_cluster, write_placement_report
-from rlrunner.cluster.parallelize import optimizer_step_shards
+from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint, write_adapters
+from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_prompts
+from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
-from rlrunner.models import model_class
+from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
+from rlrunner.sample_order import TrainPlan
 from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import SPLITS, EnvWorker
-from rlrunner.workers.rollout import RolloutWorker
+from rlrunner.workers.rollout import RolloutWorker, shard_parts
 
 logger = logging.getLogger("rlrunner")
 # keyword that each advantage estimator takes for algorithm.advantage_mode
@@ -66,8 +66,7 @@ class Runner:
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
                                      algorithm_cfg=alg)
-        # the env workers get their rewards' settings only: nothing of the log folder (video_cfg) leaves the driver
-        rewards = OmegaConf.create({split: {"reward": env[split].reward} for split in SPLITS})
+        rewards = OmegaConf.create({s: {"reward": env[s].reward} for s in SPLITS})  # no log folder path (video_cfg)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], rewards)
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
@@ -75,13 +74,13 @@ class Runner:
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
         self.reward_failures_in_a_row = 0
-        # collocated actor and rollout take turns on the device when the recipe asks for offloading
         self.loss_key = objective_class(alg.name).loss_key  # the metric the step line reports as "loss"
-        self.swap_models = cfg.cluster.enable_offload and placement.is_collocated("actor", "rollout")
+        self.turns = DeviceTurns.for_placement(self.actor, self.rollout, placement, cfg.cluster.enable_offload)
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
         self.ahead: RolloutAhead | None = None
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
-        self.rollout_adapters: dict[str, dict[str, torch.Tensor]] = {}
+        self.rollout_adapters: dict[str, dict[str, torch.Tensor]] = {}  # the last sync's, as the rollout holds them
+        self.synced_step = -1  # the global step whose adapters the last sync sent
         model = cfg.actor.model
         family = model[model.model_type]
         self.model_info = {"model_type": model.model_type, "model_path": model.model_path,
@@ -130,7 +129,7 @@ class Runner:
             with timer("sync"):
                 if self.step % self.cfg.runner.weight_sync_interval == 0:
                     self.sync_weights()
-        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/nft_tau": tau,
+        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/ema_tau": tau,
                    **timer.metrics()}
         self.run_logger.scalars(metrics, self.step)
         if self.logs_samples_at(self.step):
@@ -165,32 +164,38 @@ class Runner:
 
         Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
         shard per rollout worker, its samples into one slice per scorer thread of each env worker
-        (:meth:`submit_reward`).
+        (:meth:`submit_reward`), and (training) each shard's training rows into one part per actor rank, by the
+        step's :class:`TrainPlan` (known before the rollout: it depends only on the seed and ``step``).
 
-        The rollout shards' parts stay with the workers (Ray's object store): images go to the env workers, the
-        training part to the actor in :meth:`update`; the driver fetches only the samples it logs.
+        Each rollout shard's result stays with its worker (Ray's object store), cut there into parts: the scored
+        images go to the env workers, each actor rank's rows to that rank in :meth:`update`, and the driver
+        fetches only the samples it logs. What the driver holds of the rest are :class:`Handle` s.
         """
-        self.hand_device_to("rollout")
+        self.turns.hand_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
         rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
             rounds = split_evenly(prompts, 2)
+        plan = None
+        if mode == "train":
+            plan = TrainPlan.build(self.cfg.runner.seed, step, len(prompts) * group_size,
+                                   self.cfg.actor.global_batch_size, self.actor.world_size)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
-        train, logged, tickets, start = [], [], [], 0
+        train: list[list[Handle[Batch]]] = [[] for _ in range(self.actor.world_size if plan else 0)]
+        logged: list[Batch] = []
+        tickets, start = [], 0
         for index, round_prompts in enumerate(rounds):
             shards = split_evenly(round_prompts, n_rollout)
             sizes = [len(shard) * group_size for shard in shards]
-            offsets = np.cumsum([start, *sizes[:-1]])
-            to_log_here = [int(np.clip(to_log - offset, 0, n)) for offset, n in zip(offsets, sizes)]
+            offsets = np.cumsum([start, *sizes[:-1]]).tolist()
             with timer("rollout"):
                 parts = self.rollout.scatter_async(
                     "generate", [(p, group_size, step, index, mode) for p in shards],
-                    # split where computed: the actor's part, the env workers' part, the samples the driver logs
-                    per_rank_parts=[(attrgetter("train"), attrgetter("scored"), methodcaller("first", k))
-                                    for k in to_log_here])
-                for_actor, for_env, for_logs = (parts.part(i) for i in range(3))
+                    per_rank_parts=[shard_parts(plan, offset, n, to_log) for offset, n in zip(offsets, sizes)])
+                for_env, for_logs = parts.part(len(train)), parts.part(len(train) + 1)
                 logged += for_logs.get()  # waits for the round's rollout
-            train += for_actor.handles()
+            for rank, handles in enumerate(train):
+                handles += parts.part(rank).handles()
             tickets.append(self.submit_reward(for_env.handles(), sizes, split))
             start += sum(sizes)
             if not self.cfg.runner.async_reward:
@@ -198,9 +203,9 @@ class Runner:
                     tickets[-1] = self.collect_reward(tickets[-1])
         with timer("reward"):
             rewards = [t if isinstance(t, RewardOutput) else self.collect_reward(t) for t in tickets]
-        return Rollout(train, Batch.cat(logged), start), RewardOutput.concat(rewards)
+        return Rollout(train, plan, Batch.cat(logged), start), RewardOutput.concat(rewards)
 
-    def submit_reward(self, scored: list[Any], sizes: list[int], split: str) -> list[int]:
+    def submit_reward(self, scored: list[Handle[Batch]], sizes: list[int], split: str) -> list[int]:
         """Hand the env workers one rollout round's samples, cut once (:func:`reward_slices`) into a slice per scorer
         thread of every env worker, as pieces ``(handle, start, stop)`` of the rollout shards' scored parts
         (``sizes`` samples each); returns their tickets."""
@@ -231,25 +236,15 @@ class Runner:
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 
-    def hand_device_to(self, role: str) -> None:
-        """With ``cluster.enable_offload``, move the other collocated model to host memory first."""
-        if self.swap_models:
-            idle, active = (self.actor, self.rollout) if role == "rollout" else (self.rollout, self.actor)
-            idle.call("offload")
-            active.call("onload")
-
     def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
-        """Train on the step's samples in a seeded order: optimizer step k takes the k-th ``global_batch_size``
-        window of the permutation and rank r the r-th equal slice of each window, as sample indices with their
-        positions and advantages, plus the handles of every rollout shard's training part (it fetches them itself)."""
-        self.hand_device_to("actor")
-        generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "train-order", self.step))
-        order = torch.randperm(rollout.num_samples, generator=generator)
-        # positions in the shuffled order, cut into optimizer-step windows shared by the ranks; a sample's position
-        # seeds its training noise, so the result does not depend on the number of ranks
-        positions = optimizer_step_shards(rollout.num_samples, self.cfg.actor.global_batch_size, self.actor.world_size)
+        """Train on the step's samples as its :class:`TrainPlan` says: rank r gets the handles of its own rows of
+        every rollout shard (it fetches them itself), where each sits in its training order, the positions (seeds
+        of their training noise) and their advantages."""
+        self.turns.hand_to("actor")
+        plan = rollout.plan
         metrics = _mean_dicts(self.actor.scatter("update", [
-            (rollout.train, order[position], position, advantages[order[position]], self.step) for position in positions
+            (rollout.train[rank], plan.local_index(rank), plan.positions[rank], advantages[plan.samples(rank)],
+             self.step) for rank in range(self.actor.world_size)
         ]))
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
         if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
@@ -259,16 +254,24 @@ class Runner:
 
     def sync_weights(self) -> None:
         """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
-        self.rollout_adapters = self.actor.call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
+        self.rollout_adapters = self.turns.actor_call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
         self.rollout.call("sync_weights", self.rollout_adapters)
+        self.synced_step = self.step
 
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
         tqdm.write(eval_line(self.step, len(self.eval_prompts), self.cfg.actor.model), file=sys.stderr)
         with timer("eval"):
+            # between weight syncs (runner.weight_sync_interval > 1) the rollout holds the last sync's adapters: the
+            # eval scores the trained one, then training rollouts go on with the last sync's until the next sync
+            if stale := self.synced_step != self.step:
+                trained = self.turns.actor_call("lora_weights")[0][TRAINED_ADAPTER]
+                self.rollout.call("sync_weights", {TRAINED_ADAPTER: trained})
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
+            if stale:
+                self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.rollout_adapters[TRAINED_ADAPTER]})
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", rollout.logged, reward)
@@ -293,7 +296,9 @@ class Runner:
         n = len(logged)
         images = logged.tensors["images"].numpy()
         per_sample = reward.avg.reshape(len(reward.avg), -1).mean(axis=1)
-        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step)
+        texts = reward.recognised_texts()  # what the OCR read: beside the target, it shows reward hacking
+        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step,
+                                texts=None if texts is None else texts[:n])
         if images.ndim == 5:
             video_cfg = self.cfg.env["eval" if tag.startswith("eval") else "train"].video_cfg
             out_dir = None
@@ -310,20 +315,13 @@ class Runner:
                  # a rollout started ahead is replayed on resume: its prompts and the adapters that sampled it
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
-        actor_state = self.actor.call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
+        actor_state = self.turns.actor_call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
         path = save_checkpoint(
             root, self.step, runner_state=state, actor_states=[actor_state], config_yaml=to_yaml(self.cfg),
-            model_info=self.model_info, write_adapters=lambda d: self.write_adapters(d, actor_state["adapters"]),
-            keep_last_n=self.cfg.runner.keep_last_n,
-        )
+            model_info=self.model_info, keep_last_n=self.cfg.runner.keep_last_n,
+            write_adapters=lambda d: write_adapters(d, actor_state["adapters"], self.cfg.actor.model))
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
         return path
-
-    def write_adapters(self, directory: Path, adapters: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Both adapters (the actor's ``state_dict()["adapters"]``) in diffusers' LoRA format, written by the driver."""
-        model, family = self.cfg.actor.model, model_class(self.cfg.actor.model.model_type)
-        for name, folder in ADAPTER_DIRS.items():
-            family.write_lora_files(str(directory / folder), adapters[name], model[model.model_type])
 
     def resume(self, resume_dir: str) -> None:
         log_root, run_name = Path(self.cfg.runner.logger.log_path), self.log_dir.name.split("-", 2)[-1]
@@ -334,7 +332,7 @@ class Runner:
             return
         path = resolve_resume_dir(resume_dir, log_root, run_name)
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
-        self.actor.call("load_state_dict", ckpt["actor"][0])
+        self.turns.actor_call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]
@@ -360,7 +358,9 @@ class Runner:
 class Rollout:
     """A rollout as the driver holds it: handles, never the tensors, except the few samples it logs."""
 
-    train: list[Any]  # handles of every shard's RolloutOutput.train, in sample order (Ray: object references)
+    # train[r]: actor rank r's rows of every rollout shard's RolloutOutput.train, in sample order (none for eval)
+    train: list[list[Handle[Batch]]]
+    plan: TrainPlan | None  # who trains what (training rollouts only)
     logged: Batch  # images and prompts of the first runner.num_logged_samples samples (none when not logging)
     num_samples: int
 

@@ -1,7 +1,10 @@
 """How the driver divides a step's work: prompts over rollout rounds and workers, samples over env workers and
 their scorer threads (:func:`reward_slices`: reward work is divided here only, once).
 
-Pure list arithmetic (no Ray, no torch), so the runner's bookkeeping can be tested on its own.
+Pure list arithmetic (no Ray, no torch), so the runner's bookkeeping can be tested on its own: every share is
+made of index triples (:data:`Piece`), never of data. The runner swaps a piece's shard number for the
+:class:`~rlrunner.cluster.Handle` of that shard's result; the env worker receives the values.
+Which rows each actor rank trains on is :mod:`rlrunner.sample_order`.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+#: ``(shard, start, stop)``: samples ``start:stop`` of rollout shard number ``shard`` (indices, not data).
+Piece = tuple[int, int, int]
 
 
 def split_evenly(items: list, parts: int) -> list[list]:
@@ -18,7 +24,7 @@ def split_evenly(items: list, parts: int) -> list[list]:
     return [items[starts[i]:starts[i + 1]] for i in range(parts)]
 
 
-def env_shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
+def env_shares(sizes: list[int], parts: int) -> list[list[Piece]]:
     """Consecutive shares of ``ceil(total / parts)`` samples (the last ones may be shorter or empty) of shards of
     ``sizes`` samples, each as pieces ``(shard, start, stop)``; an empty share is one empty piece of shard 0."""
     total = sum(sizes)
@@ -30,7 +36,7 @@ def env_shares(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]
     return shares
 
 
-def reward_slices(sizes: list[int], env_workers: int, threads: int) -> list[list[list[tuple[int, int, int]]]]:
+def reward_slices(sizes: list[int], env_workers: int, threads: int) -> list[list[list[Piece]]]:
     """The one split of a rollout round's samples (shards of ``sizes``) for scoring: ``env_workers × threads``
     consecutive slices (:func:`env_shares`), env worker i taking the i-th ``threads`` of them, one per scorer thread
     (``reward.num_workers``). Empty slices are dropped, but each worker keeps at least one (possibly empty) slice."""

@@ -1,9 +1,11 @@
 """Command-line entry point: ``python -m rlrunner.train --config-name NAME [key=value ...] [--dry-run]``.
 
 ``examples/diffusion/run_diffusion.sh`` calls this with ``--log-dir``; used directly, it makes
-``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself. User errors print one line and exit with status 2; a worker
-that raised, died or hung ends the run with status 1 and a last line naming its component and rank (a node that
-lacks rlrunner or a recipe folder is a user error: status 2, one line naming the node and the fix).
+``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself, once the recipe is valid. Either way the run copies its console
+to ``console.log`` from inside (the terminal keeps the progress bar, the log gets plain lines). User errors print
+one line and exit with status 2; a worker that raised, died or hung ends the run with status 1 and a last line
+naming its component and rank (a node that lacks rlrunner or a recipe folder is a user error: status 2, one line
+naming the node and the fix).
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml
+from rlrunner.console import console_copied_to
+from rlrunner.models import MODEL_FAMILIES
+from rlrunner.objectives import OBJECTIVES
+
+# algorithm.<name>_* keys belong to algorithm <name>, except the EMA schedule, which every algorithm uses
+SHARED_ALGORITHM_KEYS = ("nft_tau", "nft_decay_type")
 
 EXIT_USER_ERROR = 2
 EXIT_WORKER_FAILED = 1
@@ -30,6 +40,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--log-dir", default="", help="run directory (default: logs/<timestamp>-<config_name>)")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the resolved recipe; start nothing")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-4")
+    # the launcher's command line as the user typed it, for the run's command.txt
+    parser.add_argument("--command-line", default="", help=argparse.SUPPRESS)
     # --dry-run may stand anywhere, also between overrides
     return parser.parse_intermixed_args(argv)
 
@@ -38,23 +50,28 @@ def default_log_dir(cfg_log_path: str, config_name: str) -> Path:
     return Path(cfg_log_path) / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(config_name).stem}"
 
 
-class _Tee:
-    """Copy a stream to the run's console log when the launcher is not doing it."""
+def dry_run_view(cfg: DictConfig) -> DictConfig:
+    """The resolved recipe without the blocks it does not use: other model families' settings and other algorithms'
+    keys (the EMA keys ``nft_tau``/``nft_decay_type`` serve every algorithm)."""
+    view = OmegaConf.to_container(cfg, resolve=True)
+    model = view["actor"]["model"]
+    for family in MODEL_FAMILIES:
+        if family != model["model_type"]:
+            model.pop(family, None)
+    algorithm = view["algorithm"]
+    for name in OBJECTIVES:
+        if name != algorithm["name"]:
+            for key in [k for k in algorithm if k.startswith(f"{name}_") and k not in SHARED_ALGORITHM_KEYS]:
+                del algorithm[key]
+    return OmegaConf.create(view)
 
-    def __init__(self, stream, log_file) -> None:
-        self.stream, self.log_file = stream, log_file
 
-    def write(self, data: str) -> int:
-        if "\r" not in data:  # progress-bar redraws stay on the terminal, out of the log
-            self.log_file.write(data)
-        return self.stream.write(data)
-
-    def flush(self) -> None:
-        self.log_file.flush()
-        self.stream.flush()
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
+def start_run_files(log_dir: Path, cfg: DictConfig, command_line: str, config_name: str) -> None:
+    """Create the run's folder with ``config.yaml`` and ``command.txt``: the command as typed, then the recipe it
+    resolved to (a comment line, so the file still runs)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "config.yaml").write_text(to_yaml(cfg))
+    (log_dir / "command.txt").write_text(f"{command_line}\n# recipe: {config_name}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,25 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    launched_by_script = bool(args.log_dir)
-    if args.dry_run and not launched_by_script:
-        print(to_yaml(cfg), end="")
-        print(f"rlrunner: recipe {args.config_name!r} is valid (dry run)", file=sys.stderr)
+    if args.dry_run:  # validates and prints; creates nothing
+        print(to_yaml(dry_run_view(cfg)), end="")
+        print(f"rlrunner: recipe {args.config_name!r} is valid (dry run; other model families' and algorithms' "
+              "keys left out above)", file=sys.stderr)
         return 0
-    log_dir = Path(args.log_dir) if launched_by_script else default_log_dir(cfg.runner.logger.log_path,
-                                                                            args.config_name)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / "config.yaml").write_text(to_yaml(cfg))
-    if not launched_by_script:
-        command = shlex.join(["python", "-m", "rlrunner.train", *argv])
-        (log_dir / "command.txt").write_text(command + "\n")
-        console = open(log_dir / "console.log", "a", buffering=1)  # noqa: SIM115 (lives as long as the run)
-        sys.stdout, sys.stderr = _Tee(sys.stdout, console), _Tee(sys.stderr, console)
-    if args.dry_run:
-        print(to_yaml(cfg), end="")
-        print(f"rlrunner: recipe {args.config_name!r} is valid (dry run; resolved config in {log_dir}/config.yaml)",
-              file=sys.stderr)
-        return 0
+    log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(cfg.runner.logger.log_path, args.config_name)
+    start_run_files(log_dir, cfg, args.command_line or shlex.join(["python", "-m", "rlrunner.train", *argv]),
+                    args.config_name)
+    with console_copied_to(log_dir / "console.log"):  # from the run's first line to its last
+        print(f"rlrunner: logging to {log_dir}", file=sys.stderr)
+        return train(cfg, log_dir)
+
+
+def train(cfg: DictConfig, log_dir: Path) -> int:
+    """Run the recipe; user errors and failed workers end in one line and an exit status."""
     from rlrunner.checkpoint import CheckpointError
     from rlrunner.cluster import NodeSetupError, PlacementError, WorkerError
     from rlrunner.rewards import RewardUnavailable

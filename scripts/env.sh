@@ -31,12 +31,19 @@ rlrunner_pick_python() {
     if [ -x "$venv/bin/python" ]; then
         echo "rlrunner: requirements changed; updating $venv" >&2
     else
-        echo "rlrunner: $candidate lacks rlrunner's requirements; creating $venv from requirements/ (first run only, a few minutes)" >&2
+        echo "rlrunner: $candidate lacks rlrunner's requirements; creating $venv from requirements/ (first run only: a few minutes, about 2.1 GB)" >&2
         python3 -m venv "$venv" || { echo "rlrunner: could not create $venv (is python3-venv installed?)" >&2; return 1; }
     fi
-    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2 &&
-        "$venv/bin/python" -m pip install --quiet "${RLRUNNER_REQS[@]/#/-r}" >&2 ||
-        { echo "rlrunner: pip install into $venv failed (see above)" >&2; return 1; }
+    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2 ||
+        { echo "rlrunner: could not upgrade pip in $venv (see above)" >&2; return 1; }
+    # one requirement set at a time, with pip's own lines: minutes of silence would look like a hang
+    local i=0 req
+    for req in "${RLRUNNER_REQS[@]}"; do
+        i=$((i + 1))
+        echo "rlrunner: [$i/${#RLRUNNER_REQS[@]}] pip install -r ${req#"$ROOT"/} into $venv" >&2
+        "$venv/bin/python" -m pip install --progress-bar on -r "$req" >&2 ||
+            { echo "rlrunner: pip install -r $req into $venv failed (see above)" >&2; return 1; }
+    done
     echo "$stamp" > "$venv/.requirements-stamp"
     PY="$venv/bin/python"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite, setting up the Python environment first (see scripts/env.sh).
-#   bash scripts/test.sh                 # everything, as CI runs it
+#   bash scripts/test.sh                 # everything, as CI runs it (about 15 minutes on 2 CPU cores)
 #   bash scripts/test.sh -m "not slow"   # skip the end-to-end runs (minutes)
 #   bash scripts/test.sh tests/algorithms -x
 set -euo pipefail
@@ -8,4 +8,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 rlrunner_pick_python
 cd "$ROOT"
 echo "rlrunner: testing with $PY" >&2
-exec "$PY" -m pytest -q "$@"
+# Not -q: pytest's default output names each test file before its dots (about 60 lines), so a file that runs
+# for minutes shows which one it is; -v would be a line per test (hundreds). --durations lists the slowest tests.
+exec "$PY" -m pytest --durations=15 "$@"

@@ -77,7 +77,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(uninterrupted, monke
     full, second = train_metrics(uninterrupted), train_metrics(resumed)
     assert [m["step"] for m in second] == [4, 5, 6]
     for ours, reference in zip(second, full[3:]):
-        for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm", "train/actor/nft_tau"):
+        for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm", "train/actor/ema_tau"):
             assert ours[key] == reference[key], key
 
 
@@ -188,7 +188,7 @@ def test_export_writes_a_diffusers_lora_folder(uninterrupted, tmp_path, capsys):
     exported = load_file(out / "pytorch_lora_weights.safetensors")
     original = load_file(uninterrupted / "checkpoints/global_step_6/adapter_ema/pytorch_lora_weights.safetensors")
     assert exported.keys() == original.keys() and all(torch.equal(exported[k], original[k]) for k in exported)
-    assert "load_lora_weights" in (out / "README.md").read_text()
+    assert "no diffusers pipeline" in (out / "README.md").read_text()  # the tiny model loads with rlrunner
     assert export_main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -145,6 +145,57 @@ def test_with_ray_the_driver_holds_only_logged_samples_and_the_actor_no_pixels(t
     assert Path(ray_dir / "samples").is_dir()
 
 
+class FetchCountingActor(ActorWorker):
+    """The actor worker, counting what each ``update`` fetched from the rollout workers (in its own Ray process)."""
+
+    def update(self, rollout, index, sample_index, advantages, step):
+        import pickle
+
+        self.fetched = [*getattr(self, "fetched", []), {
+            "rows_per_part": [len(part) for part in rollout], "prompts_per_part": [p.num_prompts for p in rollout],
+            "x0_bytes": sum(p.tensors["x0"].nbytes for p in rollout),
+            "bytes": sum(len(pickle.dumps(p, protocol=5)) for p in rollout), "positions": sample_index.tolist()}]
+        return super().update(rollout, index, sample_index, advantages, step)
+
+    def counted(self) -> list:
+        return self.fetched
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_with_ray_each_actor_rank_fetches_only_the_rows_it_trains_on(tmp_path, monkeypatch):
+    import ray
+
+    from rlrunner.cluster import create_cluster
+
+    # that the adapters match one rank's is tests/test_data_parallel.py; this counts what each rank fetched
+    overrides = ["runner.max_steps=1", "runner.save_interval=0", "runner.val_check_interval=0",
+                 "runner.val_before_train=false", "runner.sample_log_interval=0"]
+    monkeypatch.setattr("rlrunner.runner.ActorWorker", FetchCountingActor)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the spy is not importable on Ray workers
+    cfg = small_recipe(tmp_path, *overrides, "cluster.backend=ray", "cluster.num_devices_per_node=4",
+                       "cluster.worker_timeout_s=120", "cluster.component_placement={actor: 0-1, rollout: 2, env: 3}")
+    ray_dir = tmp_path / "ray"
+    ray_dir.mkdir()
+    with create_cluster(cfg.cluster) as cluster:
+        runner = Runner(cfg, ray_dir, cluster)
+        runner.fit()
+        (rank0,), (rank1,) = runner.actor.call("counted")
+        runner.close()
+
+    # 8 samples in 2 rollout shards of 4 (2 async-reward rounds), global batch 4 on 2 ranks: each rank fetched one
+    # part of each shard, 4 rows in all, the rows of the two ranks partitioning each shard
+    assert [len(r["rows_per_part"]) for r in (rank0, rank1)] == [2, 2]
+    assert sum(rank0["rows_per_part"]) == sum(rank1["rows_per_part"]) == 4
+    assert [a + b for a, b in zip(rank0["rows_per_part"], rank1["rows_per_part"])] == [4, 4]
+    assert rank0["positions"] == [0, 1, 4, 5] and rank1["positions"] == [2, 3, 6, 7]  # optimizer windows of 4
+    latent = RolloutWorker(cfg.actor.model, seed=0).model.latent_shape
+    x0_bytes_per_sample = 4 * int(torch.Size(latent).numel())  # float32
+    assert rank0["x0_bytes"] == rank1["x0_bytes"] == 4 * x0_bytes_per_sample  # half of the step's 8 samples' x0
+    # each shard is one prompt's group: a part carries that prompt's conditioning once, or none if it has no rows
+    assert all(r["prompts_per_part"] == [int(n > 0) for n in r["rows_per_part"]] for r in (rank0, rank1))
+
+
 def test_env_shares_cut_rollout_shards_into_equal_consecutive_pieces():
     from rlrunner.shares import env_shares
 

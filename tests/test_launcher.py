@@ -1,22 +1,21 @@
 """The launcher end to end: run_diffusion.sh → python -m rlrunner.train, as a user calls it."""
 
 import json
-import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from shell_helpers import ROOT, clean_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
 
 
 def launch(*args: str, log_root: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
-           "HOME": os.environ.get("HOME", str(log_root))}
+    env = {**clean_env(), "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root)}
     return subprocess.run(["bash", str(LAUNCHER), *args], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True,
                           timeout=timeout)
@@ -36,8 +35,13 @@ def test_help_shows_the_launchers_usage_and_lists_recipes(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: bash examples/diffusion/run_diffusion.sh")
     recipes = sorted(p.stem for p in (ROOT / "examples/diffusion/config").glob("*.yaml"))
-    listed = [line.split()[0] for line in result.stdout.split("recipes:")[1].splitlines() if line.strip()]
+    listing = result.stdout.split("recipes:")[1].splitlines()
+    listed = [line.strip() for line in listing if line.startswith("  ") and not line.startswith("   ")]
     assert listed == recipes
+    # each description whole, from its first line to its last sentence
+    description = " ".join(line.strip() for line in listing[listing.index("  tiny_awm_ocr") + 1:
+                                                             listing.index("  tiny_nft_ocr")])
+    assert description.startswith("The default recipe: AWM") and description.endswith("only smaller.")
     assert not any(tmp_path.iterdir())
 
 
@@ -45,19 +49,30 @@ def test_unknown_recipe_lists_available_ones(tmp_path):
     result = launch("no_such_recipe", log_root=tmp_path)
     assert result.returncode == 2
     assert "no recipe named 'no_such_recipe'" in result.stderr
+    assert "/config. Available recipes: qwen_image_nft_ocr, " in result.stderr
     assert "tiny_nft_ocr" in result.stderr
     assert "Traceback" not in result.stderr
     assert not any(tmp_path.glob("*-no_such_recipe"))
 
 
-def test_misspelt_key_fails_naming_it(tmp_path):
+def test_misspelt_key_fails_naming_it_and_leaves_no_log_folder(tmp_path):
     result = launch("tiny_nft_ocr", "actor.optim.lrr=1", log_root=tmp_path)
-    output = result.stdout + result.stderr  # the launcher tees the run's output (both streams) to console.log
     assert result.returncode == 2
-    assert "actor.optim.lrr" in output and "did you mean 'actor.optim.lr'" in output
-    assert "Traceback" not in output
-    (run_dir,) = tmp_path.iterdir()
-    assert "did you mean 'actor.optim.lr'" in (run_dir / "console.log").read_text()
+    assert "actor.optim.lrr" in result.stderr and "did you mean 'actor.optim.lr'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())  # the run never started: nothing to look at
+
+
+def test_dry_run_before_the_recipe_name_prints_only_the_blocks_it_uses(tmp_path):
+    result = launch("--dry-run", "tiny_nft_ocr", "actor.optim.lr=1e-4", log_root=tmp_path)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["algorithm"]["name"] == "nft" and resolved["actor"]["optim"]["lr"] == 1e-4
+    assert [k for k in resolved["actor"]["model"] if isinstance(resolved["actor"]["model"][k], dict)] == ["tiny"]
+    assert not [k for k in resolved["algorithm"] if k.startswith(("awm_", "flow_grpo_"))]
+    assert {"nft_beta", "nft_tau"} <= set(resolved["algorithm"])
+    assert len(result.stdout.splitlines()) < 180  # 236 with every family and algorithm
+    assert not any(tmp_path.iterdir())
 
 
 def test_python_entry_point_dry_run_starts_nothing(tmp_path):
@@ -95,14 +110,24 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
     assert not [line for line in console.splitlines() if "warn" in line.lower() or "[transformers]" in line]
     summary = console[console.index("rlrunner: done: 2 step(s) in "):].splitlines()
     assert summary[1].startswith("  held-out reward: ") and " at step 0 -> " in summary[1]
-    assert summary[2] == f"  TensorBoard:     tensorboard --logdir {run_dir / 'tensorboard'}"
+    assert summary[2] == f"  TensorBoard:     bin/rlrunner tensorboard --logdir {run_dir / 'tensorboard'}"
     assert summary[3] == f"  checkpoints:     {run_dir / 'checkpoints'}"
     export = summary[4].removeprefix("  export the LoRA: ")
-    assert export == f"python -m rlrunner.export {run_dir / 'checkpoints' / 'global_step_2'} --out {run_dir / 'lora'}"
-    exported = subprocess.run([sys.executable, *export.split()[1:]], check=False, cwd=ROOT, capture_output=True,
+    assert export == f"bin/rlrunner export {run_dir / 'checkpoints' / 'global_step_2'} --out {run_dir / 'lora'}"
+    # as printed, in a fresh shell: no virtualenv active or on PATH
+    exported = subprocess.run(["bash", "-c", export], check=False, cwd=ROOT, env=clean_env(), capture_output=True,
                               text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr
     assert (run_dir / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    assert console.startswith(f"rlrunner: logging to {run_dir}\n")  # the run's first line is in its log
+    command = (run_dir / "command.txt").read_text().splitlines()
+    assert command[0].startswith("bash ") and command[0].endswith("run_diffusion.sh runner.max_steps=2 "
+                                                                  "env.train.total_num_envs=16 "
+                                                                  "actor.global_batch_size=16 "
+                                                                  "env.eval.total_num_envs=8 "
+                                                                  "runner.val_check_interval=1 "
+                                                                  "runner.sample_log_interval=1")
+    assert command[1] == "# recipe: tiny_awm_ocr"
 
 
 @pytest.mark.slow
@@ -125,3 +150,22 @@ def test_nft_cpu_recipe_learns_on_one_seed(tmp_path):
     evals = {r["step"]: r["eval/avg"] for r in records if "eval/avg" in r}
     assert sorted(evals) == [0, 20]
     assert evals[20] - evals[0] >= 0.015, evals
+
+
+def test_every_command_the_readme_prints_goes_through_the_projects_environment():
+    """In a fresh shell `python` lacks torch and `tensorboard` is not on PATH: README's commands are the launcher, the
+    test script or bin/rlrunner, and each bin/rlrunner subcommand it shows starts there (``--help``)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```(?:bash|text)\n(.*?)```", readme, re.DOTALL)
+    commands = [line.removeprefix("$ ").strip() for block in blocks for line in block.splitlines()
+                if line.strip() and not line.startswith((" ", "#"))]
+    commands += re.findall(r"`((?:python|tensorboard|bin/rlrunner) [^`]*)`", readme)
+    bare = [c for c in commands if c.split()[0] in ("python", "python3", "tensorboard", "ray")]
+    assert not bare, f"these fail in a fresh shell; use bin/rlrunner: {bare}"
+    subcommands = sorted({c.split()[1] for c in commands if c.startswith("bin/rlrunner ")})
+    assert {"export", "plan", "tensorboard", "train"} <= set(subcommands)
+    for sub in subcommands:
+        args = ["-c", "import torch, rlrunner"] if sub == "python" else ["--help"]
+        done = subprocess.run([str(ROOT / "bin/rlrunner"), sub, *args], cwd=ROOT, env=clean_env(),
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, (sub, done.stderr[-2000:])

@@ -163,7 +163,7 @@ def test_rollout_states_resume_exactly(tmp_path, monkeypatch):
     ours, reference = train_metrics(resumed), train_metrics(full)[2:]
     assert [m["step"] for m in ours] == [3, 4]
     for mine, theirs in zip(ours, reference):
-        for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm", "train/actor/nft_tau",
+        for key in ("env/avg", "train/actor/nft_loss", "train/actor/grad_norm", "train/actor/ema_tau",
                     "train/actor/v_old_cached"):
             assert mine[key] == theirs[key], key
     assert all(m["train/actor/v_old_cached"] == 1.0 for m in ours)

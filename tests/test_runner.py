@@ -16,7 +16,7 @@ from rlrunner.cluster import WorkerError
 from rlrunner.runner import Runner, run
 
 REQUIRED_TAGS = {
-    "env/avg", "env/reward_errors", "train/actor/nft_loss", "train/actor/nft_tau", "train/actor/delta_v_norm",
+    "env/avg", "env/reward_errors", "train/actor/nft_loss", "train/actor/ema_tau", "train/actor/delta_v_norm",
     "train/actor/clip_frac", "train/actor/clip_loss_frac", "train/actor/E_pos_mean", "train/actor/E_neg_mean",
     "train/actor/grad_norm", "train/actor/lr", "eval/avg", "time/rollout", "time/reward", "time/train",
     "time/sync", "time/step",
@@ -68,7 +68,7 @@ def test_the_policy_moves_only_when_the_reward_carries_a_signal(local_run, tmp_p
     assert [m["train/actor/delta_v_norm"] for m in unsignalled] == [0.0, 0.0, 0.0]
     assert all(m["train/actor/grad_norm"] > 1e-3 and m["train/actor/delta_v_norm"] > 1e-3 for m in rewarded)
     # the recipe's nft_tau [1.0, 0.5, 0, 2] at the EMA updates of steps 0, 1, 2: 1.0, then linear to 0.5
-    assert [m["train/actor/nft_tau"] for m in rewarded] == [1.0, 0.75, 0.5]
+    assert [m["train/actor/ema_tau"] for m in rewarded] == [1.0, 0.75, 0.5]
     shuffled = controlled("shuffle")
     assert shuffled[0]["env/avg"] == rewarded[0]["env/avg"]  # the same first rollout and rewards
     assert shuffled[0]["train/actor/grad_norm"] != rewarded[0]["train/actor/grad_norm"]

@@ -85,3 +85,37 @@ def test_video_step_trains_on_chunk_advantages_and_eval_videos_follow_eval_video
     saved = sorted(p.name for p in eval_videos.glob("*.mp4"))
     # eval at step 0 and step 1, two held-out prompts each; the train videos (save_video false) are not written
     assert saved == [f"eval_samples_step{s:06d}_{i}.mp4" for s in (0, 1) for i in (0, 1)]
+
+
+def test_evals_score_the_trained_adapter_between_weight_syncs(tmp_path, monkeypatch):
+    """runner.weight_sync_interval=3 over 2 steps: no sync after the start, yet each eval samples the adapter the actor
+    has trained so far (the one its checkpoint of that step holds), and training rollouts keep the last sync's."""
+    import torch
+
+    from rlrunner.runner import run
+    from rlrunner.workers.rollout import RolloutWorker
+
+    seen = []  # (mode, step, both adapters as the rollout worker holds them when it samples)
+    original = RolloutWorker.generate
+
+    def spy(self, prompts, group_size, step, round_index, mode="train"):
+        seen.append((mode, step, {name: self.model.lora_state_dict(name) for name in ("default", "ema")}))
+        return original(self, prompts, group_size, step, round_index, mode)
+
+    monkeypatch.setattr(RolloutWorker, "generate", spy)
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    run(small_recipe(tmp_path, "runner.weight_sync_interval=3", "runner.max_steps=2", "runner.val_check_interval=1",
+                     "runner.save_interval=1", "runner.val_before_train=false", "runner.sample_log_interval=0"), log_dir)
+    evals = [adapters["default"] for mode, _, adapters in seen if mode == "eval"]
+    train = [adapters for mode, _, adapters in seen if mode == "train"]
+    assert len(evals) == len(train) == 4  # 2 evals and 2 steps, 2 rollout rounds each (async_reward)
+    for step, sampled in zip((1, 1, 2, 2), evals):
+        trained = torch.load(log_dir / f"checkpoints/global_step_{step}/actor/rank_0.pt", weights_only=False)
+        for key, value in trained["adapters"]["default"].items():
+            assert torch.equal(sampled[key], value), (step, key)
+    initial = train[0]
+    assert any(not torch.equal(initial["default"][k], evals[0][k]) for k in evals[0])  # step 1 trained it
+    for later in train[1:]:  # step 2's rollout after the step-1 eval: still the adapters of the start
+        for name in ("default", "ema"):
+            assert all(torch.equal(initial[name][k], v) for k, v in later[name].items()), name

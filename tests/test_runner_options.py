@@ -80,7 +80,7 @@ def test_nft_decay_type_replaces_nft_tau(tmp_path):
     metrics = _run(tmp_path, "decay", "runner.max_steps=3", "algorithm.nft_decay_type=linear_to_0_5")
     # official decay eta = min(0.001 step, 0.5), step counting optimizer steps as the official trainer's global_step:
     # 8 samples per global step, 4 per optimizer step -> 2, 4, 6 optimizer steps at the EMA updates; tau = 1 - eta
-    assert [m["train/actor/nft_tau"] for m in metrics] == [1 - 0.002, 1 - 0.004, 1 - 0.006]
+    assert [m["train/actor/ema_tau"] for m in metrics] == [1 - 0.002, 1 - 0.004, 1 - 0.006]
 
 
 def test_enable_offload_swaps_collocated_models_and_changes_no_number(reference, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@
 #   bash examples/diffusion/run_diffusion.sh <config_name> [key=value ...] [--dry-run]
 # <config_name> is a file stem in examples/diffusion/config/. Logs go to logs/<YYYYmmdd-HHMMSS>-<config_name>/
 # (command line, console log, resolved config, TensorBoard events, metrics, samples, checkpoints).
+# bin/rlrunner train [...] calls this.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/env.sh"
 CONFIG_DIR="$ROOT/examples/diffusion/config"
@@ -14,41 +15,45 @@ usage() {
 usage: bash examples/diffusion/run_diffusion.sh [<config_name>] [key=value ...] [--dry-run]
 
 Runs the recipe examples/diffusion/config/<config_name>.yaml (default: $DEFAULT_RECIPE) with dotted overrides,
-logging to logs/<YYYYmmdd-HHMMSS>-<config_name>/ (or under \$RLRUNNER_LOG_ROOT).
-  --dry-run     validate and print the resolved recipe; starts nothing and creates no log folder
+logging to logs/<YYYYmmdd-HHMMSS>-<config_name>/ (or under \$RLRUNNER_LOG_ROOT). bin/rlrunner train ... is the same.
+  --dry-run     (anywhere on the line) validate and print the resolved recipe; starts nothing, creates no log folder
   -h, --help    this message
 
 recipes:
 USAGE
     for recipe in "$CONFIG_DIR"/*.yaml; do
-        printf '  %-32s %s\n' "$(basename "$recipe" .yaml)" "$(sed -n '1s/^# *//p' "$recipe")"
+        # the recipe's description: its leading comment up to the first blank comment line or example command
+        printf '  %s\n' "$(basename "$recipe" .yaml)"
+        awk '!/^#/ || /^# *$/ || /^#   / {exit} {sub(/^# */, ""); print "      " $0}' "$recipe"
     done
 }
 
+# The exact command line, for the run's command.txt (bin/rlrunner train passes its own).
+command_line="${RLRUNNER_COMMAND_LINE:-$(printf '%q ' bash "$0" "$@")}"
+unset RLRUNNER_COMMAND_LINE
+dry_run=()
+args=()
 for arg in "$@"; do
     case "$arg" in
         -h|--help) usage; exit 0 ;;
+        --dry-run) dry_run=(--dry-run) ;;
+        *) args+=("$arg") ;;
     esac
 done
 name="$DEFAULT_RECIPE"
-if [ $# -gt 0 ] && [[ "$1" != -* ]] && [[ "$1" != *=* ]]; then
-    name="$1"
-    shift
+if [ ${#args[@]} -gt 0 ] && [[ "${args[0]}" != -* ]] && [[ "${args[0]}" != *=* ]]; then
+    name="${args[0]}"
+    args=("${args[@]:1}")
 fi
 rlrunner_pick_python
+export RLRUNNER_CALLER_CWD="$PWD"  # where the user's shell is: the closing summary prints commands that work there
 cd "$ROOT"
-if [ ! -f "$CONFIG_DIR/$name.yaml" ]; then
-    # Let the entry point print the error with the list of recipes.
-    exec "$PY" -m rlrunner.train --config-name "$name" --dry-run
+if [ ${#dry_run[@]} -gt 0 ] || [ ! -f "$CONFIG_DIR/$name.yaml" ]; then
+    # a dry run validates and prints, leaving no log folder behind; an unknown name gets the list of recipes
+    exec "$PY" -m rlrunner.train --config-name "$name" --dry-run "${args[@]}"
 fi
-for arg in "$@"; do
-    # a dry run validates and prints; it leaves no log folder behind
-    [ "$arg" = "--dry-run" ] && exec "$PY" -m rlrunner.train --config-name "$name" "$@"
-done
-
-log_dir="${RLRUNNER_LOG_ROOT:-$ROOT/logs}/$(date +%Y%m%d-%H%M%S)-$name"
-mkdir -p "$log_dir"
-printf '%q ' bash "examples/diffusion/run_diffusion.sh" "$name" "$@" > "$log_dir/command.txt"
-echo >> "$log_dir/command.txt"
-echo "rlrunner: logging to $log_dir" >&2
-"$PY" -u -m rlrunner.train --config-name "$name" --log-dir "$log_dir" "$@" 2>&1 | tee -a "$log_dir/console.log"
+# The run writes its own console.log (the progress bar keeps the terminal) and creates the log folder only once
+# the recipe is valid.
+exec "$PY" -u -m rlrunner.train --config-name "$name" \
+    --log-dir "${RLRUNNER_LOG_ROOT:-$ROOT/logs}/$(date +%Y%m%d-%H%M%S)-$name" \
+    --command-line "${command_line% }" "${args[@]}"

@@ -17,7 +17,7 @@ workers as values (Ray: object references fetched by the receiving process; in-p
     env.scatter("submit", [(handle,) for handle in pending.part(1).handles()])
 """
 
-from rlrunner.cluster.base import Cluster, PendingCall, WorkerError, WorkerGroup, WorkerLocation
+from rlrunner.cluster.base import Cluster, Handle, PendingCall, WorkerError, WorkerGroup, WorkerLocation
 from rlrunner.cluster.distributed import init_distributed
 from rlrunner.cluster.factory import BACKENDS, create_cluster
 from rlrunner.cluster.placement import COMPONENTS, Placement, PlacementError, format_devices, parse_placement
@@ -29,6 +29,7 @@ __all__ = [
     "BACKENDS",
     "COMPONENTS",
     "Cluster",
+    "Handle",
     "NodeSetupError",
     "PendingCall",
     "Placement",

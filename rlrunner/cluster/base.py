@@ -10,11 +10,23 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from typing_extensions import Self
 
 from rlrunner.cluster.placement import Placement, format_devices
+
+T = TypeVar("T")
+
+
+class Handle(Generic[T]):
+    """A worker's result of type ``T`` as the driver holds it: a reference, not the value (for annotations only).
+
+    The value stays where it was computed (Ray: an ``ObjectRef`` into the object store; in-process: the object
+    itself). The driver passes a handle on as an argument of another group's call, whose workers receive the ``T``
+    (fetched by their own process); the driver never reads it. In signatures ``list[Handle[Batch]]`` is what the
+    driver passes on and ``list[Batch]`` what a worker computes with.
+    """
 
 
 class WorkerError(RuntimeError):
@@ -91,7 +103,7 @@ class PendingCall(abc.ABC):
         """Part ``index`` of every rank's result, of a call made with ``per_rank_parts``."""
 
     @abc.abstractmethod
-    def handles(self) -> list[Any]:
+    def handles(self) -> list[Handle[Any]]:
         """One handle per rank to its result, without bringing the result to the driver.
 
         Pass handles as arguments of another group's call (also inside lists, tuples and dicts): the worker

@@ -5,6 +5,11 @@ The cluster backend gives every worker of a group the usual env vars before its 
 that averages gradients calls :func:`init_distributed` in its constructor and then trains through
 :func:`rlrunner.cluster.parallelize.parallelize` (DDP or FSDP2). Under Ray each worker sees only its own
 accelerator, as device 0.
+
+No port race: under Ray, rank 0's process binds the group's rendezvous store (:func:`bind_rendezvous`, a TCPStore
+on a port the OS picks) before any worker is built, and that port becomes ``MASTER_PORT``. The group forms only
+when the workers call :func:`init_distributed`, after their model has loaded (minutes for a large one), but the
+port was held the whole time, so no other process can take it in between.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ DIST_BACKENDS: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 
 # set by the in-process ("local") backend: all ranks share one process, so no process group can form
 IN_PROCESS_ENV = "RLRUNNER_IN_PROCESS"
+# the rendezvous store rank 0's process bound before its worker was built (bind_rendezvous); None elsewhere
+_RENDEZVOUS: dist.TCPStore | None = None
 
 
 def find_free_port() -> int:
@@ -28,6 +35,16 @@ def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
+
+
+def bind_rendezvous(timeout_s: float = 600.0) -> int:
+    """Bind this process's rendezvous store (rank 0 of a group) on a free port and return the port; it stays bound
+    until the process ends, and :func:`init_distributed` on rank 0 forms the group over it. Idempotent."""
+    global _RENDEZVOUS
+    if _RENDEZVOUS is None:
+        _RENDEZVOUS = dist.TCPStore("0.0.0.0", 0, None, is_master=True, timeout=timedelta(seconds=timeout_s),
+                                    wait_for_workers=False)
+    return int(_RENDEZVOUS.port)
 
 
 def worker_env(
@@ -88,9 +105,12 @@ def init_distributed(rank: int, world_size: int, device_type: str, timeout_s: fl
         import torch_npu  # noqa: F401  (registers torch.npu and the hccl backend)
 
         torch.npu.set_device(_local_device_index(torch.npu.device_count()))
-    dist.init_process_group(
-        backend=DIST_BACKENDS[device_type], rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
-    )
+    timeout = timedelta(seconds=timeout_s)
+    store = _RENDEZVOUS if rank == 0 and _RENDEZVOUS is not None else dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=rank == 0, timeout=timeout)
+    store.set_timeout(timeout)
+    dist.init_process_group(backend=DIST_BACKENDS[device_type], store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
     return True
 
 

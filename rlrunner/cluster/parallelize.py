@@ -16,8 +16,9 @@ The model files know nothing of this: the DDP wrapper is a thin module that call
 hooks the denoiser's own modules in place. Every rank must make the same engine calls in the same order
 (forwards, backwards, :meth:`Engine.clip_grad_norm`, and gathering full tensors for checkpoints and weight sync).
 
-:func:`optimizer_step_shards` cuts a shuffled global batch so that optimizer step ``k`` always covers global
-samples ``[k·G, (k+1)·G)`` (``G = global_batch_size``) whatever the number of ranks.
+Which samples each rank trains on, and in what order, is the contract of :mod:`rlrunner.sample_order`
+(:func:`optimizer_step_shards` is re-exported here: optimizer step ``k`` always covers positions ``[k·G, (k+1)·G)``
+of the shuffled batch, ``G = global_batch_size``, whatever the number of ranks).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from rlrunner.sample_order import optimizer_step_shards  # noqa: F401  (re-exported, see the docstring)
 
 
 class Engine:
@@ -141,17 +144,3 @@ def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
     return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-
-
-def optimizer_step_shards(num_samples: int, global_batch_size: int, world_size: int) -> list[torch.Tensor]:
-    """Indices of each rank's samples: optimizer step k's window ``[k·G, (k+1)·G)`` cut into equal slices.
-
-    Rank r gets ``[k·G + r·G/n, k·G + (r+1)·G/n)`` for every step k, in order, so that its k-th
-    ``G/n``-sample piece belongs to optimizer step k and the same samples form each step whatever ``n``.
-    Returns ``world_size`` int64 tensors of ``num_samples / world_size`` indices.
-    """
-    if num_samples % global_batch_size or global_batch_size % world_size:
-        raise ValueError(f"{num_samples} samples cannot form whole optimizer steps of {global_batch_size} shared "
-                         f"by {world_size} ranks")
-    windows = torch.arange(num_samples).view(-1, world_size, global_batch_size // world_size)
-    return [windows[:, rank].reshape(-1) for rank in range(world_size)]

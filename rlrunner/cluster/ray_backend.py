@@ -31,12 +31,13 @@ from rlrunner.cluster.base import (
     last_line,
     split_parts,
 )
-from rlrunner.cluster.distributed import find_free_port, worker_env
+from rlrunner.cluster.distributed import bind_rendezvous, worker_env
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
 from rlrunner.cluster.shipping import check_readable, job_runtime_env, setup_failure
+from rlrunner.utils.threads import apply_thread_budget, thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
@@ -51,9 +52,10 @@ class _WorkerHost:
     def __init__(self) -> None:
         self.worker: Any = None
 
-    def node_info(self) -> dict[str, Any]:
-        """Where this actor runs (node IP and id, the accelerator Ray gave it) and a free port on the node
-        (used as MASTER_PORT when this is rank 0)."""
+    def node_info(self, rendezvous: bool) -> dict[str, Any]:
+        """Where this actor runs (node IP and id, the accelerator Ray gave it) and, for rank 0 (``rendezvous``), the
+        port of the rendezvous store it binds now and holds (MASTER_PORT: nothing can take it before the group
+        forms, see :mod:`rlrunner.cluster.distributed`)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -61,15 +63,16 @@ class _WorkerHost:
         device = next((f"{kind}:{','.join(accelerators[name])}" for name, kind in _TORCH_KIND.items()
                        if accelerators.get(name)), "cpu")
         return {"node_ip": ray.util.get_node_ip_address(), "node_id": context.get_node_id(), "device": device,
-                "port": find_free_port()}
+                "port": bind_rendezvous() if rendezvous else None}
 
     def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
-        """Set the env vars, then build ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``, after
-        checking that this node can read the local folders the worker will load (its ``node_paths``, if any)."""
+        """Set the env vars (torch.distributed's, the thread budget's), then build ``worker_cls(*args, rank=RANK,
+        world_size=WORLD_SIZE, **kwargs)``, once this node can read the folders it loads (its ``node_paths``)."""
         node_paths = getattr(worker_cls, "node_paths", None)
         if node_paths is not None:
             check_readable(node_paths(*args, **kwargs))
         os.environ.update(env)
+        apply_thread_budget()  # the worker's threads follow its CPU reservation, not the node's core count
         self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
 
     def execute(self, method: str, payload: tuple[tuple, dict], parts: Sequence[Callable] | None = None) -> Any:
@@ -332,13 +335,15 @@ class RayCluster(Cluster):
         try:
             serial = next(_SPAWNS)
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
-            started = [(rank, h.node_info.remote()) for rank, h in enumerate(hosts)]
-            names = [self._node_name(d) for d in devices]
+            started = [(rank, h.node_info.remote(rank == 0)) for rank, h in enumerate(hosts)]
+            names = [f"node {k} = {self.nodes[k].describe()}" for k in map(self.placement.node_of, devices)]  # pinned
             infos = gather(role, names, "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
             master = (ips[0], infos[0]["port"])
+            threads = thread_env(self.cpus_per_worker)
             refs = [
-                (rank, host.construct.remote(self._env(rank, node_ids, *master), worker_cls, args, kwargs))
+                (rank, host.construct.remote({**self._env(rank, node_ids, *master), **threads}, worker_cls, args,
+                                             kwargs))
                 for rank, host in enumerate(hosts)
             ]
             gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s, nodes=names)
@@ -352,11 +357,6 @@ class RayCluster(Cluster):
         group = RayWorkerGroup(self, role, devices, hosts, locations)
         self._groups.append(group)
         return group
-
-    def _node_name(self, device: int) -> str:
-        """How messages name the node a device's bundle is pinned to, before its worker reports where it runs."""
-        node = self.placement.node_of(device)
-        return f"node {node} = {self.nodes[node].describe()}"
 
     @staticmethod
     def _env(rank: int, node_ids: list[str], master_addr: str, master_port: int) -> dict[str, str]:

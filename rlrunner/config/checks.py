@@ -208,6 +208,7 @@ _REWARD = {
     "served_model": Free("the model name the endpoint serves; required for vlm_ocr (validate._check_reward)"),
     "api_key_file": ExistingPath(kind="file"),
     "timeout_s": Range(low=0, low_open=True, meaning="seconds per scoring attempt"),
+    "max_engine_rebuilds": COUNT,
     "max_retries": COUNT,
     "max_concurrency": POSITIVE_INT,
     "required": Free("bool"),
@@ -313,6 +314,7 @@ KEY_CHECKS: dict[str, Check] = {
     "actor.model.model_type": Choice(_registry("rlrunner.models", "MODEL_FAMILIES")),
     "actor.model.precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),
     "actor.model.device": Choice(_registry("rlrunner.utils.device", "DEVICE_NAMES")),
+    "actor.model.half_precision_on_cpu": Free("bool"),
     **{f"actor.model.<family>.{key}": check for key, check in _FAMILY.items()},
     "actor.optim.optimizer": Choice(_fixed("adamw")),  # workers/actor.py builds AdamW
     "actor.optim.lr": Range(low=0, low_open=True),

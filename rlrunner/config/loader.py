@@ -38,8 +38,8 @@ def recipe_path(name: str, config_dir: Path = CONFIG_DIR) -> Path:
     path = config_dir / f"{name}.yaml"
     if not path.is_file():
         close = difflib.get_close_matches(name, available_recipes(config_dir), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise RecipeError(f"no recipe named {name!r} in {config_dir}{hint} "
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RecipeError(f"no recipe named {name!r} in {config_dir}{hint}. "
                           f"Available recipes: {', '.join(available_recipes(config_dir)) or '(none)'}")
     return path
 

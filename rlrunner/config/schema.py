@@ -156,8 +156,8 @@ class RewardConfig:
     rec_only: bool = False  # recognition-only OCR for single-line images
     frame_interval: int = 4
     batch_size: int = 16
-    # scorer threads of each env worker, each with its own OCR engine (cores / num_workers inference threads); the
-    # driver cuts each rollout round once into num_workers slices per env worker (rlrunner/shares.py)
+    # scorer threads of each env worker, each with its own OCR engine (cluster.cpus_per_worker / num_workers inference
+    # threads); the driver cuts each rollout round once into num_workers slices per env worker (rlrunner/shares.py)
     num_workers: int = 1
     weight: float = 1.0
     alphabet: str = ""  # keep only these characters of the recognised text before scoring
@@ -173,6 +173,8 @@ class RewardConfig:
     # requests in flight; required: false scores failed samples 0 (counted in env/reward_errors) and trains on.
     # ocr and video_ocr: seconds one engine call (batch_size images) may take; past it those images score 0
     timeout_s: float = 60.0
+    # ocr and video_ocr: engines built to replace ones stuck in calls past timeout_s; one more stops the run
+    max_engine_rebuilds: int = 8
     max_retries: int = 3
     max_concurrency: int = 4
     required: bool = True
@@ -234,6 +236,8 @@ class ModelConfig:
     model_path: str = ""
     model_type: str = "tiny"
     precision: str = "bf16"  # bf16 | fp16 | fp32
+    # true: bf16 / fp16 stay as asked on a CPU device too (slow; shows dtype mistakes without a GPU), else fp32
+    half_precision_on_cpu: bool = False
     device: str = "auto"  # auto | cpu | cuda | npu
     tiny: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(

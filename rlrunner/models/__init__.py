@@ -27,12 +27,14 @@ def model_class(model_type: str) -> type[FlowModel]:
     return lazy_class(MODEL_FAMILIES, model_type, "actor.model.model_type")
 
 
-def build_model(model_cfg: Any) -> FlowModel:
-    """Load ``model_cfg.model_type`` from ``model_cfg.model_path`` with its family settings and LoRA adapters."""
+def build_model(model_cfg: Any, denoiser_only: bool = False) -> FlowModel:
+    """Load ``model_cfg.model_type`` from ``model_cfg.model_path`` with its family settings and LoRA adapters;
+    ``denoiser_only``: without text encoders and VAE (the actor's model), which are then never read."""
     family_cfg = model_cfg[model_cfg.model_type]
     device = resolve_device(model_cfg.device)
-    dtype = resolve_dtype(model_cfg.precision, device)
-    return model_class(model_cfg.model_type).load(model_cfg.model_path, family_cfg, device=device, dtype=dtype)
+    dtype = resolve_dtype(model_cfg.precision, device, model_cfg.half_precision_on_cpu)
+    return model_class(model_cfg.model_type).load(model_cfg.model_path, family_cfg, device=device, dtype=dtype,
+                                                  denoiser_only=denoiser_only)
 
 
 def local_model_paths(model_cfg: Any) -> dict[str, str]:

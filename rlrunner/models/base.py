@@ -13,9 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import gc
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,49 +21,13 @@ import torch
 from torch import nn
 
 from rlrunner.algorithms.samplers import VelocityFn, VelocityObserver, sample_flow, sigma_schedule
+from rlrunner.models.loading import load_family_pipeline
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters, saved_config, write_lora
 
 Cond = dict[str, torch.Tensor]
 
 
 # ---------------------------------------------------------------------------------------------- loading helpers
-def check_model_path(model_path: str, pipeline_class_name: str, model_type: str) -> str:
-    """Validate ``actor.model.model_path``: a local diffusers pipeline folder, or a hub id ``org/name``.
-
-    Raises ``ValueError`` (empty, or a folder of another pipeline class) or ``FileNotFoundError`` (a local path
-    that does not exist or lacks ``model_index.json``), each naming the path.
-    """
-    if not model_path:
-        raise ValueError(f"actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
-                         f"(a {pipeline_class_name} checkpoint for model_type {model_type!r})")
-    path = Path(model_path).expanduser()
-    if path.is_dir():
-        index = path / "model_index.json"
-        if not index.is_file():
-            raise FileNotFoundError(f"actor.model.model_path {model_path!r} has no model_index.json: it is not a "
-                                    f"diffusers pipeline folder (save one with {pipeline_class_name}.save_pretrained)")
-        found = json.loads(index.read_text()).get("_class_name", "")
-        if found != pipeline_class_name:
-            raise ValueError(f"actor.model.model_path {model_path!r} holds a {found or 'unknown'} pipeline, but "
-                             f"model_type {model_type!r} expects a {pipeline_class_name}; fix model_type or the path")
-        return str(path)
-    if model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1 or path.exists():
-        raise FileNotFoundError(f"actor.model.model_path {model_path!r} does not exist; expected a local diffusers "
-                                f"folder with model_index.json or a hub id 'org/name'")
-    return model_path
-
-
-def load_pipeline(pipeline_cls: type, model_path: str, **kwargs: Any) -> Any:
-    """``pipeline_cls.from_pretrained(model_path, **kwargs)`` with an error that names the path on failure."""
-    try:
-        return pipeline_cls.from_pretrained(model_path, **kwargs)
-    except (OSError, ValueError) as err:
-        where = "folder" if Path(model_path).expanduser().is_dir() else "hub id (no local folder of that name)"
-        raise OSError(f"could not load {pipeline_cls.__name__} from {where} {model_path!r}: "
-                      f"{str(err).splitlines()[0].rstrip('.')}. Without network access, download it first and point "
-                      f"actor.model.model_path at the local folder") from err
-
-
 def resolution_hw(resolution: Any) -> tuple[int, int]:
     """``512`` -> ``(512, 512)``; ``[704, 1280]`` -> ``(704, 1280)`` (height, width)."""
     if isinstance(resolution, int):
@@ -134,13 +96,11 @@ class FlowModel(abc.ABC):
         self._negative_cond: Cond | None = None
 
     @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> FlowModel:
-        """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``."""
-        import diffusers
-
-        path = check_model_path(model_path, cls.pipeline_class_name, cls.model_type)
-        vae = load_pipeline(getattr(diffusers, cls.vae_class_name), path, subfolder="vae", dtype=torch.float32)
-        pipe = load_pipeline(getattr(diffusers, cls.pipeline_class_name), path, vae=vae, dtype=dtype)
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
+             denoiser_only: bool = False) -> FlowModel:
+        """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``;
+        ``denoiser_only``: without text encoders, tokenizers and VAE, never read (:func:`load_family_pipeline`)."""
+        pipe = load_family_pipeline(cls, model_path, dtype, denoiser_only)
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, family_cfg, device=device, dtype=dtype)
 

@@ -67,7 +67,7 @@ class QwenImageFlowModel(FlowModel):
         self.pipe = pipe
         self.transformer = pipe.transformer
         self.vae = pipe.vae
-        self.text_encoders = {"text_encoder": pipe.text_encoder}
+        self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
         self.height, self.width = resolution_hw(family_cfg.resolution)
         self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()

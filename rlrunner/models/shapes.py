@@ -35,8 +35,9 @@ class SampleShapes:
 
 
 def pipeline_configs(pipe: Any) -> dict[str, dict[str, Any]]:
-    """Config dicts of a loaded pipeline's model components, keyed like ``model_index.json``."""
-    configs = {}
+    """Config dicts of a loaded pipeline's model components, keyed like ``model_index.json`` (those it was loaded
+    without, read from their files: ``pipe.skipped_configs``)."""
+    configs = dict(getattr(pipe, "skipped_configs", {}))
     for name, module in pipe.components.items():
         if isinstance(module, nn.Module):
             config = module.config

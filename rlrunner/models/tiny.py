@@ -52,18 +52,22 @@ class TinyFlowModel(FlowModel):
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
                            "conv1", "conv2")
 
-    def __init__(self, family_cfg: Any, unet: torch.nn.Module, text_encoder: torch.nn.Module, index: dict[str, Any],
-                 *, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, family_cfg: Any, unet: torch.nn.Module, text_encoder: torch.nn.Module | dict[str, Any],
+                 index: dict[str, Any], *, device: torch.device, dtype: torch.dtype) -> None:
+        """``text_encoder``: the module, or only its config (a denoiser-only model, which cannot encode)."""
         super().__init__(family_cfg, device=device, dtype=dtype)
         self.transformer = unet.to(device)
-        self.text_encoders = {"text_encoder": text_encoder.to(device).eval().requires_grad_(False)}
+        if isinstance(text_encoder, torch.nn.Module):
+            self.text_encoders = {"text_encoder": text_encoder.to(device).eval().requires_grad_(False)}
+        text_config = dict(text_encoder.config) if isinstance(text_encoder, torch.nn.Module) else text_encoder
         self.index = index
-        self.alphabet: str = str(index.get("alphabet", text_encoder.config.alphabet))
+        self.alphabet: str = str(index.get("alphabet", text_config["alphabet"]))
         self._resolution = _resolution(index["resolution"])
-        self.shapes = self.sample_shapes(family_cfg, {"model_index": index, "text_encoder": dict(text_encoder.config)})
+        self.shapes = self.sample_shapes(family_cfg, {"model_index": index, "text_encoder": text_config})
 
     @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> TinyFlowModel:
+    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
+             denoiser_only: bool = False) -> TinyFlowModel:
         """Load the folder written by ``scripts/pretrain_tiny.py`` and add the LoRA adapters.
 
         Args:
@@ -71,11 +75,12 @@ class TinyFlowModel(FlowModel):
             family_cfg: ``actor.model.tiny`` (``resolution`` must be the trained one, default [32, 96];
                 ``use_lora``, ``lora_rank``, ``lora_alpha``, ``lora_path``, ``shift``, ``gradient_checkpointing``).
             device, dtype: where and in which precision the denoiser runs.
+            denoiser_only: leave the text encoder's weights unread (the actor's model, which never encodes).
         Raises:
             FileNotFoundError: ``model_path`` (or a part of it, or ``lora_path``) is missing.
             ValueError: the requested resolution differs from the trained one.
         """
-        unet, text_encoder, index = load_tiny_components(str(model_path), dtype=dtype)
+        unet, text_encoder, index = load_tiny_components(str(model_path), dtype=dtype, text_encoder=not denoiser_only)
         model = cls(family_cfg, unet, text_encoder, index, device=device, dtype=dtype)
         wanted = _resolution(family_cfg.resolution)
         if wanted != model._resolution:

@@ -213,9 +213,10 @@ def save_tiny_components(path: str, unet: UNet2DConditionModel, text_encoder: Ch
 
 
 def load_tiny_components(
-    path: str, dtype: torch.dtype = torch.float32
-) -> tuple[UNet2DConditionModel, CharTextEncoder, dict[str, Any]]:
-    """Read a folder written by :func:`save_tiny_components`; errors name the missing file."""
+    path: str, dtype: torch.dtype = torch.float32, text_encoder: bool = True
+) -> tuple[UNet2DConditionModel, CharTextEncoder | dict[str, Any], dict[str, Any]]:
+    """Read a folder written by :func:`save_tiny_components`; errors name the missing file. Without
+    ``text_encoder`` only the text encoder's config (a dict) is read, not its weights."""
     index_file = os.path.join(path, MODEL_INDEX)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"tiny model folder {path!r} does not exist; set actor.model.model_path to a folder "
@@ -227,8 +228,10 @@ def load_tiny_components(
     with open(index_file) as f:
         index = json.load(f)
     unet = UNet2DConditionModel.from_pretrained(os.path.join(path, "unet"), torch_dtype=dtype)
-    text_encoder = CharTextEncoder.from_pretrained(os.path.join(path, "text_encoder"), torch_dtype=dtype)
-    return unet, text_encoder, index
+    text_folder = os.path.join(path, "text_encoder")
+    if not text_encoder:
+        return unet, dict(CharTextEncoder.load_config(text_folder)), index
+    return unet, CharTextEncoder.from_pretrained(text_folder, torch_dtype=dtype), index
 
 
 def write_random_tiny(directory: str, resolution: tuple[int, int] = (16, 32), channels: tuple[int, ...] = (8, 16),

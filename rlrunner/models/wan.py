@@ -71,7 +71,7 @@ class WanFlowModel(FlowModel):
         self.pipe = pipe
         self.transformer = pipe.transformer
         self.vae = pipe.vae
-        self.text_encoders = {"text_encoder": pipe.text_encoder}
+        self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
         self.expand_timesteps = bool(pipe.config.expand_timesteps)
         self.height, self.width = resolution_hw(family_cfg.resolution)
         self.num_frames = int(family_cfg.num_frames)

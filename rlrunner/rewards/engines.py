@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from rlrunner.utils.threads import worker_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +130,9 @@ def build_engine(name: str, *, lang: str = "en", use_gpu: bool = False, num_thre
 
 
 def default_num_threads(num_workers: int) -> int:
-    """Inference threads per engine so that ``num_workers`` concurrent engines share the cores without oversubscribing."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, num_workers))
+    """Inference threads per engine so that ``num_workers`` concurrent engines share the worker's CPUs (its cluster
+    reservation, ``cluster.cpus_per_worker``, else this machine's cores) without oversubscribing."""
+    return max(1, worker_cpus() // max(1, num_workers))
 
 
 @register_engine("rapidocr")

@@ -1,4 +1,4 @@
-"""OCR reward: how well the image shows the prompt's quoted text (shared/DESIGN.md §4).
+"""OCR reward: how well the image shows the prompt's quoted text (docs/design.md, "The OCR reward").
 
 Scoring is exactly the official DiffusionNFT / flow_grpo / RLinf rule, as the pure function ``ocr_score``:
 target = first double-quoted span of the prompt (whole prompt if none); spaces removed and lowercased in both
@@ -21,7 +21,7 @@ from rlrunner.config.schema import RewardConfig
 from .engines import MIN_TEXT_SCORE, Line, OcrEngine, build_engine, default_num_threads
 from .inputs import all_failed, as_uint8, check_prompts, error_summary, is_blank, reason_key
 from .output import RewardOutput
-from .registry import Reward, register_reward
+from .registry import Reward, RewardUnavailable, register_reward
 
 
 def extract_target(prompt: str) -> str:
@@ -97,7 +97,11 @@ def _call_with_timeout(fn: Any, timeout_s: float) -> Any:
 class EnginePool:
     """Engines for concurrent callers: each call borrows one, a new one is built when all are busy.
 
-    The first engine is built eagerly so that a missing or broken engine fails at ``build_reward`` time.
+    The first engine is built eagerly so that a missing or broken engine fails at ``build_reward`` time. Up to
+    ``reward.num_workers`` engines (one per scorer thread) are built as callers need them; an engine built beyond
+    that replaces one stuck in a call that hung past ``reward.timeout_s`` (``timeouts`` counts those calls). Such
+    rebuilds are bounded by ``reward.max_engine_rebuilds``: the next one raises :class:`RewardUnavailable`,
+    which stops the run with one line.
     """
 
     def __init__(self, spec: RewardConfig) -> None:
@@ -107,19 +111,19 @@ class EnginePool:
             "num_threads": default_num_threads(spec.num_workers),
             "batch_size": spec.batch_size,
         }
+        self._limits = {"concurrency": spec.num_workers, "max_rebuilds": spec.max_engine_rebuilds,
+                        "timeout_s": spec.timeout_s}
         engine, self.engine_name = build_engine(spec.engine, **self._kwargs)
         self._free: list[OcrEngine] = [engine]
         self._lock = threading.Lock()
+        self.built, self.timeouts = 1, 0
 
     def run(self, fn_name: str, images: list[np.ndarray], timeout_s: float | None = None) -> Any:
         """Call ``engine.<fn_name>(images)`` on a free engine; raise ``TimeoutError`` after ``timeout_s`` seconds.
 
         A call that hangs keeps its engine (in a daemon thread) until it returns; later calls build another.
         """
-        with self._lock:
-            engine = self._free.pop() if self._free else None
-        if engine is None:
-            engine, _ = build_engine(self.engine_name, **self._kwargs)
+        engine = self._borrow()
 
         def call() -> Any:
             try:
@@ -128,14 +132,41 @@ class EnginePool:
                 with self._lock:
                     self._free.append(engine)
 
-        return call() if timeout_s is None else _call_with_timeout(call, timeout_s)
+        if timeout_s is None:
+            return call()
+        try:
+            return _call_with_timeout(call, timeout_s)
+        except TimeoutError:
+            with self._lock:
+                self.timeouts += 1
+            raise
+
+    @property
+    def rebuilds(self) -> int:
+        """Engines built to replace ones stuck in hung calls."""
+        return max(0, self.built - self._limits["concurrency"])
+
+    def _borrow(self) -> OcrEngine:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            limit = self._limits["max_rebuilds"]
+            if self.built >= self._limits["concurrency"] and self.rebuilds >= limit:
+                raise RewardUnavailable(
+                    f"the {self.engine_name} OCR engine hung {self.timeouts} time(s) past reward.timeout_s="
+                    f"{self._limits['timeout_s']:g} s and was rebuilt {self.rebuilds} time(s), the most "
+                    f"reward.max_engine_rebuilds={limit} allows; check the engine (its device, its install) or raise "
+                    f"reward.timeout_s")
+            self.built += 1
+        return build_engine(self.engine_name, **self._kwargs)[0]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_kwargs": self._kwargs, "engine_name": self.engine_name}
+        return {"_kwargs": self._kwargs, "_limits": self._limits, "engine_name": self.engine_name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._free, self._lock = [], threading.Lock()
+        self.built, self.timeouts = 0, 0
 
 
 @register_reward("ocr")
@@ -207,6 +238,8 @@ class OcrReward(Reward):
         that hangs past ``reward.timeout_s`` is not (every image of it scores 0: retrying would hang as long again)."""
         try:
             return self._read(images)
+        except RewardUnavailable:  # the engine rebuild limit: stop the run, not score 0
+            raise
         except TimeoutError as err:
             for i in index:
                 reasons[i] = f"engine timeout: {err}"

@@ -30,6 +30,14 @@ class RewardOutput:
     extra: dict[str, Any] = field(default_factory=dict)
     failure: str = ""
 
+    def recognised_texts(self) -> list[str] | None:
+        """What the reward read in each sample (video: in its first frame), for the sample grids; ``None`` when the
+        reward reads no text. A ``multi`` reward keeps its OCR part's as ``<part>/texts``."""
+        key = next((k for k in self.extra if k == "texts" or k.endswith("/texts")), None)
+        if key is None:
+            return None
+        return [str((t or [""])[0]) if isinstance(t, list) else str(t) for t in self.extra[key]]
+
     @staticmethod
     def concat(outputs: list[RewardOutput]) -> RewardOutput:
         """Join outputs of consecutive sample ranges along the batch axis (used by the async scorer)."""

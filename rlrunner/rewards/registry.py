@@ -63,6 +63,8 @@ def check_reward_config(cfg: RewardConfig) -> None:
         raise ValueError(f"reward.weight must be a finite number >= 0, got {cfg.weight}")
     if not cfg.timeout_s > 0:
         raise ValueError(f"reward.timeout_s must be > 0, got {cfg.timeout_s}")
+    if cfg.max_engine_rebuilds < 0:
+        raise ValueError(f"reward.max_engine_rebuilds must be >= 0, got {cfg.max_engine_rebuilds}")
     if cfg.max_retries < 0:
         raise ValueError(f"reward.max_retries must be >= 0, got {cfg.max_retries}")
     if cfg.max_concurrency < 1:

@@ -33,7 +33,7 @@ class RemoteReward(ServiceReward):
     def __init__(self, spec: RewardConfig) -> None:
         if not spec.url:
             raise ValueError("reward.model=remote needs reward.url, e.g. http://127.0.0.1:8000 (start the server "
-                             "with: python -m rlrunner.serve_reward --reward ocr)")
+                             "with: bin/rlrunner serve_reward --reward ocr)")
         super().__init__(spec, read_secret(spec.token_file, "reward.token_file"))
         self.url = spec.url.rstrip("/")
         self.check_reachable(f"{self.url}/health")

@@ -26,7 +26,7 @@ from rlrunner.models import model_class
 from rlrunner.models.shapes import SampleShapes
 from rlrunner.objectives import build_objective
 from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
-from rlrunner.utils.device import PRECISIONS
+from rlrunner.utils.device import PRECISIONS, resolve_dtype
 
 DENOISER_NAMES = ("transformer", "unet")
 VAE_NAME = "vae"
@@ -118,8 +118,9 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     if denoiser_name is None or VAE_NAME not in components and model_cfg.model_type != "tiny":
         raise ModelFolderError(f"{folder / 'model_index.json'} lists {sorted(components)}: no denoiser "
                                f"({' or '.join(DENOISER_NAMES)}) or no {VAE_NAME}")
-    # the recipe's precision on an accelerator; a run pinned to the CPU computes in fp32 (resolve_dtype)
-    dtype = torch.float32 if model_cfg.device == "cpu" else PRECISIONS[model_cfg.precision]
+    # the recipe's precision on an accelerator; a run pinned to the CPU computes in fp32 unless told otherwise
+    device = torch.device("cpu" if model_cfg.device == "cpu" else "cuda")  # any accelerator: only its kind counts
+    dtype = resolve_dtype(model_cfg.precision, device, model_cfg.half_precision_on_cpu)
     denoiser = build_on_meta(components[denoiser_name])
     config = components[denoiser_name].config
     text_encoders = {name: module_bytes(build_on_meta(c, dtype), dtype) for name, c in components.items()

@@ -33,8 +33,9 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """Training dtype for ``precision``; half precisions fall back to fp32 on CPU, where they are slow."""
+def resolve_dtype(precision: str, device: torch.device, half_on_cpu: bool = False) -> torch.dtype:
+    """Training dtype for ``precision``; half precisions fall back to fp32 on CPU, where they are slow, unless
+    ``half_on_cpu`` (``actor.model.half_precision_on_cpu``: a CPU run that catches dtype mistakes)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {sorted(PRECISIONS)}")
-    return torch.float32 if device.type == "cpu" else PRECISIONS[precision]
+    return torch.float32 if device.type == "cpu" and not half_on_cpu else PRECISIONS[precision]

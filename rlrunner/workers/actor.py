@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ from rlrunner.batch import Batch
 from rlrunner.cluster.parallelize import local_shards, parallelize
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model, local_model_paths
 from rlrunner.objectives import MicroBatch, build_objective
+from rlrunner.sample_order import noise_seed
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
 
@@ -48,10 +51,9 @@ class ActorWorker:
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
         self.objective = build_objective(algorithm_cfg, self.family_cfg)
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
-        self.model = build_model(actor_cfg.model)
-        # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes
-        self.model.release_text_encoders()
-        self.model.release_vae()
+        # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes, so it
+        # loads neither text encoders nor VAE (not even into host memory)
+        self.model = build_model(actor_cfg.model, denoiser_only=True)
         init_distributed(rank, world_size, self.model.device.type)
         self.engine = parallelize(self.model, actor_cfg.strategy, world_size)
         self.params = self.model.trainable_parameters()  # after parallelize: FSDP2 swaps them for their shards
@@ -63,14 +65,16 @@ class ActorWorker:
         self.lr_scheduler = get_scheduler(optim.lr_scheduler, self.optimizer, num_warmup_steps=optim.lr_warmup_steps,
                                           num_training_steps=max(1, num_train_steps))
         self.optimizer_steps = 0
+        self.offloaded = False  # denoiser and optimizer state in host memory (cluster.enable_offload)
 
     # ------------------------------------------------------------------ training
     def update(self, rollout: list[Batch], index: torch.Tensor, sample_index: torch.Tensor, advantages: torch.Tensor,
                step: int) -> dict[str, float]:
-        """Train on this rank's samples: rows ``index`` (int64 ``[n]``, in training order) of the rollout's
-        ``train`` parts joined in order (``x0``, per-prompt ``cond.*``), with their positions in the step's shuffled
-        order ``sample_index`` ``[n]`` (seeds of their training noise) and ``advantages`` ``[n]`` or ``[n, K]``.
-        The k-th ``global_batch_size / world_size`` samples belong to optimizer step k."""
+        """Train on this rank's samples (see :mod:`rlrunner.sample_order`): rows ``index`` (int64 ``[n]``, in
+        training order) of ``rollout``, this rank's training parts of the rollout shards joined in order (``x0``,
+        per-prompt ``cond.*``), with their positions in the step's shuffled order ``sample_index`` ``[n]`` (seeds of
+        their training noise) and ``advantages`` ``[n]`` or ``[n, K]``. The k-th ``global_batch_size / world_size``
+        samples belong to optimizer step k."""
         batch = Batch.cat(rollout).select(index)
         batch.tensors.update(advantages=advantages, sample_index=sample_index)
         self.objective.begin_update(self.model)
@@ -109,9 +113,9 @@ class ActorWorker:
         return metrics
 
     def _noise_generators(self, micro: Batch, step: int, draw: int) -> list[torch.Generator]:
-        """One generator per sample, seeded by (seed, step, global sample index, draw): never by rank."""
-        return [torch.Generator().manual_seed(derive_seed(self.cfg.seed, "actor-noise", step, index, draw))
-                for index in micro.tensors["sample_index"].tolist()]
+        """One generator per sample, seeded by (seed, step, its position in the step, draw): never by rank."""
+        return [torch.Generator().manual_seed(noise_seed(self.cfg.seed, step, position, draw))
+                for position in micro.tensors["sample_index"].tolist()]
 
     def _micro_loss(self, micro: Batch, generators: list[torch.Generator],
                     draw: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
@@ -138,22 +142,44 @@ class ActorWorker:
     def lora_weights(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """Both adapters' full LoRA tensors (CPU), for the rollout workers. Every rank must call it (FSDP2
         gathers the shards); rank 0 returns them, the others None."""
-        weights = {name: self.model.lora_state_dict(name) for name in (TRAINED_ADAPTER, EMA_ADAPTER)}
+        with self.on_device():
+            weights = {name: self.model.lora_state_dict(name) for name in (TRAINED_ADAPTER, EMA_ADAPTER)}
         return weights if self.rank == 0 else None
 
     def offload(self) -> None:
         """Denoiser and optimizer state to host memory, freeing the device for a collocated rollout worker."""
-        self._move(torch.device("cpu"))
+        self._move(offload=True)
 
     def onload(self) -> None:
-        self._move(self.model.device)
+        self._move(offload=False)
 
-    def _move(self, device: torch.device) -> None:
-        self.model.offload_transformer(device.type == "cpu" and self.model.device.type != "cpu")
+    def _move(self, offload: bool) -> None:
+        self.model.offload_transformer(offload)
+        device = torch.device("cpu") if offload else self.model.device
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":
                     state[key] = value.to(device)
+        self.offloaded = offload
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        """The denoiser and optimizer state on the device for the block, and back in host memory after it if they
+        were offloaded.
+
+        Everything that gathers (or loads) adapters or optimizer state runs in it: the process group's backend is
+        the device's (NCCL has no host-memory path), so a host tensor must never reach a collective (why not a
+        ``cpu:gloo,cuda:nccl`` group: :class:`rlrunner.device_turns.DeviceTurns`). The runner hands the actor the
+        device before such calls, the rollout leaving it first, so there this is a no-op; it guards other callers.
+        """
+        offloaded = self.offloaded
+        if offloaded:
+            self.onload()
+        try:
+            yield
+        finally:
+            if offloaded:
+                self.offload()
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any] | None:
@@ -161,9 +187,10 @@ class ActorWorker:
         parameter name, LR scheduler, RNG. Every rank must call it; rank 0 returns it, the others None."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        adapters = self.lora_weights()
-        optimizer = get_optimizer_state_dict(self.model.transformer, self.optimizer,
-                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        with self.on_device():
+            adapters = self.lora_weights()
+            optimizer = get_optimizer_state_dict(self.model.transformer, self.optimizer,
+                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return None
         return {"adapters": adapters, "optimizer": optimizer, "lr_scheduler": self.lr_scheduler.state_dict(),
@@ -173,10 +200,11 @@ class ActorWorker:
         """Load a :meth:`state_dict` saved with any strategy and number of ranks (every rank gets the same one)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        for name, lora in state["adapters"].items():
-            self.model.load_lora_state_dict(name, lora)
-        set_optimizer_state_dict(self.model.transformer, self.optimizer, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        with self.on_device():
+            for name, lora in state["adapters"].items():
+                self.model.load_lora_state_dict(name, lora)
+            set_optimizer_state_dict(self.model.transformer, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         set_rng_state(state["rng"])
         self.optimizer_steps = state["optimizer_steps"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter, methodcaller
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -10,6 +12,7 @@ import torch
 from rlrunner.batch import Batch
 from rlrunner.models import TRAINED_ADAPTER, build_model, local_model_paths
 from rlrunner.objectives import build_objective
+from rlrunner.sample_order import TrainPlan
 from rlrunner.utils.seeding import derive_seed
 
 
@@ -25,10 +28,24 @@ class RolloutOutput(NamedTuple):
     train: Batch
     scored: Batch
 
+    def train_rows(self, rows: list[int]) -> Batch:
+        """The training part's samples ``rows`` (ascending): one actor rank's share (:meth:`TrainPlan.shard_rows
+        <rlrunner.sample_order.TrainPlan.shard_rows>`), copied out, so that the rank fetches nothing else."""
+        return self.train.select(rows)
+
     def first(self, n: int) -> Batch:
         """The first ``n`` scored samples, copied: a pickled view would carry every image of its storage."""
         return Batch({k: v[:n].clone() for k, v in self.scored.tensors.items()},
                      {k: v[:n] for k, v in self.scored.meta.items()})
+
+
+def shard_parts(plan: TrainPlan | None, offset: int, size: int, to_log: int) -> list[Callable[[RolloutOutput], Batch]]:
+    """How the rollout shard of a step's samples ``[offset, offset + size)`` splits its :class:`RolloutOutput` where it
+    is computed (the cluster's ``per_rank_parts``): one training part per actor rank (``plan``; none for eval), the
+    scored images, and the samples among the step's first ``to_log`` that the driver logs."""
+    for_actor = [methodcaller("train_rows", plan.shard_rows(rank, offset, size))
+                 for rank in range(plan.world_size)] if plan else []
+    return [*for_actor, attrgetter("scored"), methodcaller("first", int(np.clip(to_log - offset, 0, size)))]
 
 
 class RolloutWorker:

@@ -1,4 +1,5 @@
-"""nft_loss against hand-computed values, a per-sample reference written from DESIGN.md §4, and the §4 facts."""
+"""nft_loss against hand-computed values, a per-sample reference written from docs/design.md
+("The NFT loss"), and the facts listed there."""
 
 import pytest
 import torch
@@ -187,7 +188,7 @@ def reference_energy_loss(vt, vo, xt, x, t, r, dv, beta, c, weight_mode, w=None)
 
 
 def reference_loss(v_theta, v_old, x_t, x0, t, adv, beta, c, weight_mode, clip_ratio, v_base, kl_coef):
-    """Naive per-(sample, frame) loop over DESIGN.md §4."""
+    """Naive per-(sample, frame) loop over docs/design.md, "The NFT loss"."""
     per_frame = adv.dim() == 2
     terms = []
     for b in range(x0.shape[0]):
@@ -247,7 +248,7 @@ def test_low_precision_inputs_compute_in_float32():
     assert loss.item() == pytest.approx(2.1875)
 
 
-# ---------------------------------------------------------------- DESIGN.md §4 facts
+# ---------------------------------------------------------------- docs/design.md facts
 def random_batch(seed=0, shape=(5, 2, 3, 3)):
     g = torch.Generator().manual_seed(seed)
     x0, noise, v_old = (torch.randn(shape, generator=g) for _ in range(3))

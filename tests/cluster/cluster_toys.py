@@ -82,3 +82,42 @@ class BrokenInit:
 
     def __init__(self, *, rank: int, world_size: int) -> None:
         raise OSError(f"cannot load weights on rank {rank}")
+
+
+class PortCheckedBeforeJoining(DataParallel):
+    """Before joining (where a real worker loads its model, for minutes) tries to take MASTER_PORT itself."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", int(os.environ["MASTER_PORT"])))
+                self.port_was_free = True
+            except OSError:
+                self.port_was_free = False
+        super().__init__(rank=rank, world_size=world_size)
+
+    def port_free_before_join(self) -> bool:
+        return self.port_was_free
+
+
+class ThreadReport:
+    """A real env worker (RapidOCR rewards) reporting its thread budget: torch's pool, OpenMP's setting, the threads
+    its OCR engines were built with."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        from omegaconf import OmegaConf
+
+        from rlrunner.config.schema import EnvConfig
+        from rlrunner.workers.env import EnvWorker
+
+        env_cfg = OmegaConf.structured(EnvConfig)
+        for split in ("train", "eval"):
+            env_cfg[split].reward.update(model="ocr", engine="rapidocr", num_workers=1)
+        self.worker = EnvWorker(env_cfg, rank=rank, world_size=world_size)
+
+    def report(self) -> dict:
+        engines = {split: s.reward.engines._kwargs["num_threads"] for split, s in self.worker.scorers.items()}
+        return {"torch": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"), "ocr_engines": engines,
+                "cores_visible": len(os.sched_getaffinity(0))}

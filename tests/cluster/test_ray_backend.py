@@ -7,6 +7,7 @@ collocated on 2 CPU "devices") once for the whole module; every wait has a timeo
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from operator import itemgetter
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 import cluster_toys
 import pytest
 import ray
-from cluster_toys import BrokenInit, Counter, DataParallel
+from cluster_toys import BrokenInit, Counter, DataParallel, PortCheckedBeforeJoining, ThreadReport
 
 from rlrunner.cluster import WorkerError, WorkerLocation, create_cluster
 from rlrunner.cluster.ray_backend import RayCluster
@@ -106,6 +107,30 @@ def test_data_parallel_group_averages_with_gloo(cluster):
     assert [e["LOCAL_RANK"] for e in env] == ["0", "1"]  # both ranks on this one node
     assert env[0]["MASTER_ADDR"] == env[1]["MASTER_ADDR"] == group.node_ips[0]
     assert env[0]["MASTER_PORT"] == env[1]["MASTER_PORT"] != ""
+
+
+def test_rank_0_holds_the_rendezvous_port_from_its_start_until_the_group_forms(cluster):
+    # the port is bound before any constructor runs: neither rank (nor the driver) can take it while models load
+    group = cluster.spawn("actor", PortCheckedBeforeJoining, (0, 1))
+    try:
+        assert group.call("port_free_before_join") == [False, False]
+        port = int(group.call("env")[0]["MASTER_PORT"])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, pytest.raises(OSError):
+            sock.bind(("", port))
+        assert group.call("average") == [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]  # and the group formed over it
+    finally:
+        group.shutdown()
+
+
+def test_an_env_worker_sizes_its_threads_to_its_cpu_reservation_not_the_node(cluster):
+    # cluster.cpus_per_worker=1 on a bundle of 3 CPUs: torch, OpenMP and the OCR engines get 1 thread, not every core
+    group = cluster.spawn("env", ThreadReport, (0,))
+    try:
+        report = group.call("report")[0]
+        assert report["cores_visible"] >= 2  # Ray does not narrow the affinity mask: the old sizing would use them
+        assert (report["torch"], report["omp"], report["ocr_engines"]) == (1, "1", {"train": 1, "eval": 1})
+    finally:
+        group.shutdown()
 
 
 def test_call_async_scatter_and_call_rank(counters):

@@ -1,12 +1,15 @@
-"""What each worker holds, counted by walking the worker object: the actor only what it trains (denoiser with its
-LoRA adapters, optimizer state), the rollout worker the denoiser, text encoders and VAE."""
+"""What each worker loads (the folders ``from_pretrained`` opens) and holds, counted by walking the worker object: the
+actor only what it trains (denoiser with its LoRA adapters, optimizer state), the rollout worker the denoiser, text
+encoders and VAE."""
 
 from __future__ import annotations
 
 import gc
+import json
 import types
 import weakref
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +47,49 @@ def module_storages(*modules: torch.nn.Module) -> dict[int, int]:
     return storages(t for m in modules for t in (*m.parameters(), *m.buffers()))
 
 
+@pytest.fixture
+def opened(monkeypatch) -> set[str]:
+    """The parts of a model folder that ``from_pretrained`` opens from now on (sub-folder names: ``transformer``,
+    ``vae``, ``tokenizer_2``, ...), for diffusers models, transformers models and tokenizers."""
+    from diffusers import ModelMixin
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    names: set[str] = set()
+    for base in (ModelMixin, PreTrainedModel, PreTrainedTokenizerBase):
+        def spy(cls, path, *args, _original=base.from_pretrained.__func__, **kwargs):
+            names.add(kwargs.get("subfolder") or Path(path).name)
+            return _original(cls, path, *args, **kwargs)
+
+        monkeypatch.setattr(base, "from_pretrained", classmethod(spy))
+    return names
+
+
+@pytest.mark.parametrize("model_type", ["sd3", "wan22_ti2v_5b", "qwen_image", "tiny"])
+def test_the_actor_loads_only_the_denoiser_and_the_rollout_everything(model_type, tiny_model_cfg, tiny_dirs, opened,
+                                                                      tmp_path):
+    if model_type == "tiny":  # not a diffusers pipeline: a UNet and a character text encoder
+        from rlrunner.models.tiny_text import write_random_tiny
+
+        model_cfg = tiny_model_cfg("sd3")
+        model_cfg.model_type, model_cfg.model_path = "tiny", write_random_tiny(str(tmp_path / "tiny"))
+        model_cfg.tiny = OmegaConf.merge(model_cfg.tiny, {"resolution": [16, 32]})
+        denoiser = "unet"
+    else:
+        model_cfg, denoiser = tiny_model_cfg(model_type), "transformer"
+    index = json.loads((Path(model_cfg.model_path) / "model_index.json").read_text())
+    parts = {name for name, entry in index.items()
+             if isinstance(entry, list) and len(entry) == 2 and all(isinstance(part, str) for part in entry)
+             and not name.startswith("_") and name != "scheduler"}
+    RolloutWorker(model_cfg, seed=0)
+    assert opened == parts and {denoiser, "text_encoder"} <= parts  # it encodes, samples and decodes
+    opened.clear()
+    actor_cfg = OmegaConf.structured(ActorConfig(micro_batch_size=2, global_batch_size=4))
+    actor_cfg.model = model_cfg
+    actor = ActorWorker(actor_cfg, OmegaConf.structured(AlgorithmConfig()), num_train_steps=1)
+    assert opened == {denoiser}  # text encoders and VAE never read: neither host nor device memory
+    assert not actor.model.text_encoders and actor.model.vae is None
+
+
 @pytest.mark.parametrize("model_type", ["sd3", "wan22_ti2v_5b"])
 def test_the_actor_holds_only_the_denoiser_its_lora_and_optimizer_state(model_type, tiny_model_cfg):
     actor_cfg = OmegaConf.structured(ActorConfig(micro_batch_size=2, global_batch_size=4))
@@ -78,3 +124,15 @@ def test_released_text_encoders_and_vae_are_freed(load_tiny):
     assert all(ref() is None for ref in refs)  # no reference left anywhere: collected, not just moved
     with pytest.raises(RuntimeError, match="text encoders were released"):
         model.encode_prompts(["a"])
+
+
+def test_a_denoiser_only_load_of_an_unreachable_hub_id_names_the_id(tiny_model_cfg, monkeypatch):
+    import huggingface_hub.constants
+
+    from rlrunner.models import build_model
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once, no network retries
+    cfg = tiny_model_cfg("sd3")
+    cfg.model_path = "rlrunner-test/no-such-model"
+    with pytest.raises(OSError, match="could not load StableDiffusion3Pipeline from hub id .*rlrunner-test/no-such"):
+        build_model(cfg, denoiser_only=True)

@@ -113,3 +113,32 @@ def test_a_run_goes_on_through_hung_batches_and_stops_when_every_image_fails(fau
     assert errors == [("rlrunner: error: no training sample could be scored in 2 step(s) in a row "
                        "(runner.max_reward_error_steps=2): all 8 images were unscorable; the last one: engine "
                        "timeout: no answer within reward.timeout_s=0.3 s")]
+
+
+def test_hung_calls_are_counted_and_engines_are_rebuilt_at_most_max_engine_rebuilds_times(faulty_engine,
+                                                                                          monkeypatch):
+    from rlrunner.rewards import RewardUnavailable
+
+    monkeypatch.setattr(FaultyEngine, "mode", "hang_always")
+    reward = build_reward({"model": "ocr", "engine": "faulty", "batch_size": 1, "timeout_s": 0.1,
+                           "max_engine_rebuilds": 2})
+    prompts = ['a sign that says "2345"']
+    for built in (1, 2, 3):  # the first engine hangs, then two rebuilt ones: each call's image scores 0
+        assert reward(coded_image(GOOD)[None], prompts).errors == 1
+        assert (reward.engines.built, reward.engines.timeouts, reward.engines.rebuilds) == (built, built, built - 1)
+    with pytest.raises(RewardUnavailable, match=r"hung 3 time\(s\) past reward.timeout_s=0.1 s and was rebuilt 2 "
+                                                r"time\(s\), the most reward.max_engine_rebuilds=2 allows"):
+        reward(coded_image(GOOD)[None], prompts)
+
+
+@pytest.mark.slow
+def test_a_run_whose_engine_keeps_hanging_stops_with_one_line_at_the_rebuild_limit(faulty_engine, tmp_path, capsys,
+                                                                                   monkeypatch):
+    # 2 engine calls per step, each hanging: step 1 uses the first engine and one rebuild; step 2 needs a second
+    monkeypatch.setattr(FaultyEngine, "mode", "hang_always")
+    capsys.readouterr()
+    assert _train(tmp_path, "runner.max_steps=4", "runner.max_reward_error_steps=10",
+                  "env.train.reward.max_engine_rebuilds=1") == EXIT_REWARD_UNAVAILABLE
+    assert [m["step"] for m in train_metrics(tmp_path / "run")] == [1]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlrunner: error:")]
+    assert len(errors) == 1 and "reward.max_engine_rebuilds=1" in errors[0] and "rebuilt 1 time(s)" in errors[0]

@@ -1,4 +1,5 @@
-"""The scoring rule (shared/DESIGN.md §4) as a pure function, checked by hand and against the reference formula."""
+"""The scoring rule (docs/design.md, "The OCR reward") as a pure function, checked by hand and against the reference
+formula."""
 
 from __future__ import annotations
 

@@ -1,0 +1,93 @@
+"""Loading a family's diffusers pipeline: the whole of it (rollout workers) or the denoiser alone (the actor).
+
+``model_path`` is a local diffusers pipeline folder or a hub id; errors name it. A denoiser-only pipeline is loaded
+with its other components passed as ``None``, so their weights are never read, not even into host memory; their
+``config.json`` files are, since the sample shapes depend on them (``pipe.skipped_configs``, read by
+:func:`rlrunner.models.shapes.pipeline_configs`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the pipeline components a denoiser-only model (the actor's) loads
+DENOISER_PARTS = ("transformer", "scheduler")
+
+
+def check_model_path(model_path: str, pipeline_class_name: str, model_type: str) -> str:
+    """Validate ``actor.model.model_path``: a local diffusers pipeline folder, or a hub id ``org/name``.
+
+    Raises ``ValueError`` (empty, or a folder of another pipeline class) or ``FileNotFoundError`` (a local path
+    that does not exist or lacks ``model_index.json``), each naming the path.
+    """
+    if not model_path:
+        raise ValueError(f"actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
+                         f"(a {pipeline_class_name} checkpoint for model_type {model_type!r})")
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        index = path / "model_index.json"
+        if not index.is_file():
+            raise FileNotFoundError(f"actor.model.model_path {model_path!r} has no model_index.json: it is not a "
+                                    f"diffusers pipeline folder (save one with {pipeline_class_name}.save_pretrained)")
+        found = json.loads(index.read_text()).get("_class_name", "")
+        if found != pipeline_class_name:
+            raise ValueError(f"actor.model.model_path {model_path!r} holds a {found or 'unknown'} pipeline, but "
+                             f"model_type {model_type!r} expects a {pipeline_class_name}; fix model_type or the path")
+        return str(path)
+    if model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1 or path.exists():
+        raise FileNotFoundError(f"actor.model.model_path {model_path!r} does not exist; expected a local diffusers "
+                                f"folder with model_index.json or a hub id 'org/name'")
+    return model_path
+
+
+def load_pipeline(pipeline_cls: type, model_path: str, method: str = "from_pretrained", **kwargs: Any) -> Any:
+    """``pipeline_cls.from_pretrained(model_path, **kwargs)`` (or its ``load_config``) with an error that names the
+    path on failure."""
+    try:
+        return getattr(pipeline_cls, method)(model_path, **kwargs)
+    except (OSError, ValueError) as err:
+        where = "folder" if Path(model_path).expanduser().is_dir() else "hub id (no local folder of that name)"
+        raise OSError(f"could not load {pipeline_cls.__name__} from {where} {model_path!r}: "
+                      f"{str(err).splitlines()[0].rstrip('.')}. Without network access, download it first and point "
+                      f"actor.model.model_path at the local folder") from err
+
+
+def load_family_pipeline(family: Any, model_path: str, dtype: torch.dtype, denoiser_only: bool = False) -> Any:
+    """The pipeline of ``family`` (a FlowModel class: its ``pipeline_class_name``, ``vae_class_name``,
+    ``model_type``) from ``model_path``: the VAE in float32, the rest in ``dtype``; with ``denoiser_only``, only
+    :data:`DENOISER_PARTS`."""
+    import diffusers
+
+    path = check_model_path(model_path, family.pipeline_class_name, family.model_type)
+    pipeline_cls = getattr(diffusers, family.pipeline_class_name)
+    if not denoiser_only:
+        vae = load_pipeline(getattr(diffusers, family.vae_class_name), path, subfolder="vae", dtype=torch.float32)
+        return load_pipeline(pipeline_cls, path, vae=vae, dtype=dtype)
+    index = load_pipeline(pipeline_cls, path, "load_config")
+    skipped = {name: None for name in index if not name.startswith("_") and name not in DENOISER_PARTS}
+    pipe = load_pipeline(pipeline_cls, path, dtype=dtype, **skipped)
+    pipe.skipped_configs = skipped_component_configs(path, index, skipped)
+    return pipe
+
+
+def skipped_component_configs(model_path: str, index: dict[str, Any], names: Iterable[str]) -> dict[str, dict]:
+    """``config.json`` of each model component among ``names`` (``model_index.json`` entries a pipeline was loaded
+    without), as the loaded module's ``config.to_dict()`` would give it; tokenizers and processors have none."""
+    from diffusers import ConfigMixin
+
+    configs = {}
+    for name in names:
+        library, class_name = index[name] if isinstance(index[name], (list, tuple)) else (None, None)
+        component_cls = getattr(importlib.import_module(library), class_name, None) if library else None
+        if isinstance(component_cls, type) and issubclass(component_cls, ConfigMixin):  # diffusers models
+            configs[name] = dict(component_cls.load_config(model_path, subfolder=name))
+        elif isinstance(component_cls, type) and issubclass(component_cls, nn.Module):  # transformers models
+            configs[name] = component_cls.config_class.from_pretrained(model_path, subfolder=name).to_dict()
+    return configs
