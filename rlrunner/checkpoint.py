@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from omegaconf import OmegaConf
 
 logger = logging.getLogger(__name__)
 
@@ -122,22 +124,76 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return [found[step] for step in sorted(found)]
 
 
-def latest_checkpoint(log_root: Path, run_name: str) -> Path | None:
-    """The newest complete checkpoint of any run named ``*-<run_name>`` under ``log_root``; None if there is none."""
-    candidates = [c for run in log_root.glob(f"*-{run_name}") for c in complete_checkpoints(run / "checkpoints")]
+# keys a resumed run may change freely: its length, logging, evaluation, checkpointing, resume and placement (the
+# results do not depend on the number or place of the ranks: tests/test_data_parallel.py)
+RESUME_FREE_KEYS = ("runner.max_steps", "runner.max_epochs", "runner.logger.", "runner.resume_dir",
+                    "runner.resume_allow_changes", "runner.log_dir", "runner.save_interval", "runner.keep_last_n",
+                    "runner.val_check_interval", "runner.val_before_train", "runner.sample_log_interval",
+                    "runner.num_logged_samples", "cluster.")
+
+
+def _recipe(ckpt: Path) -> dict[str, Any]:
+    try:  # read as it was written (OmegaConf.to_yaml), so values compare equal to the resolved recipe's
+        return OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def experiment_of(ckpt: Path) -> str:
+    """The experiment a checkpoint belongs to: its recipe's ``runner.logger.experiment_name``, else (checkpoints
+    written before runs recorded it) the recipe name in its run folder ``<YYYYmmdd-HHMMSS>-<recipe>``."""
+    name = _recipe(ckpt).get("runner", {}).get("logger", {}).get("experiment_name")
+    return name or ckpt.parents[1].name.split("-", 2)[-1]
+
+
+def latest_checkpoint(log_root: Path, experiment: str) -> Path | None:
+    """The newest complete checkpoint of experiment ``experiment`` in any run folder under ``log_root``; None if
+    there is none."""
+    candidates = [c for run in log_root.glob("*/checkpoints") for c in complete_checkpoints(run)
+                  if experiment_of(c) == experiment]
     if not candidates:
         return None
     return max(candidates, key=lambda p: (json.loads((p / MANIFEST).read_text())["created"], p.stat().st_mtime))
 
 
-def resolve_resume_dir(resume_dir: str, log_root: Path, run_name: str) -> Path:
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    return {k: v for key, value in node.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+
+
+def recipe_changes(ckpt: Path, recipe: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (checkpoint's value, recipe's value)}`` for the keys where the resolved ``recipe`` differs
+    from the one saved with ``ckpt``, but for :data:`RESUME_FREE_KEYS`."""
+    saved, now = _flat(_recipe(ckpt)), _flat(recipe)
+    return {key: (saved.get(key), now.get(key)) for key in sorted(saved.keys() | now.keys())
+            if saved.get(key) != now.get(key) and not key.startswith(RESUME_FREE_KEYS)}
+
+
+def check_resume_recipe(ckpt: Path, recipe: dict[str, Any]) -> None:
+    """Refuse (one line naming the keys) to resume ``ckpt`` into a recipe that differs from its own, but for the
+    keys its ``runner.resume_allow_changes`` lists (``true``: any)."""
+    allow = recipe["runner"]["resume_allow_changes"]
+    if allow is True:
+        return
+    changes = recipe_changes(ckpt, recipe)
+    changed = [key for key in changes if key not in (allow or [])]
+    if changed:
+        shown = ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in changed)
+        raise CheckpointError(f"runner.resume_dir=auto: the newest checkpoint of experiment {experiment_of(ckpt)!r}, "
+                              f"{ckpt}, was made with a different recipe: {shown}; resume it anyway with "
+                              f"runner.resume_allow_changes=[{','.join(changed)}] (or true), or start a separate "
+                              f"experiment with its own runner.logger.experiment_name")
+
+
+def resolve_resume_dir(resume_dir: str, log_root: Path, experiment: str) -> Path:
     """``global_step_N`` dir as given; a run's log dir → its newest checkpoint; ``auto`` → :func:`latest_checkpoint`
     (an error when there is none: the runner checks for that case itself and starts from scratch)."""
     if resume_dir == "auto":
-        latest = latest_checkpoint(log_root, run_name)
+        latest = latest_checkpoint(log_root, experiment)
         if latest is None:
-            raise CheckpointError(f"runner.resume_dir=auto: no complete checkpoint under {log_root}/*-{run_name}/"
-                                  f"checkpoints")
+            raise CheckpointError(f"runner.resume_dir=auto: no complete checkpoint of experiment {experiment!r} "
+                                  f"under {log_root}/*/checkpoints")
         return latest
     path = Path(resume_dir).expanduser()
     aside = path.with_name(path.name + ASIDE)
@@ -162,6 +218,25 @@ def _same_setting(key: str, saved: Any, expected: Any) -> bool:
     if key == "model_path" and isinstance(saved, str) and saved and not os.path.isabs(saved):
         return saved == expected or os.path.normpath(os.path.join(os.getcwd(), saved)) == expected
     return saved == expected
+
+
+def resume_point(resume_dir: str, log_root: Path, recipe: dict[str, Any]) -> Path | None:
+    """The checkpoint a run with the resolved ``recipe`` resumes from; None for ``auto`` without one yet.
+
+    ``auto`` takes the newest checkpoint of the recipe's experiment under ``log_root`` (the folder holding the run
+    folders) and refuses one made with a different recipe (:func:`check_resume_recipe`).
+    """
+    if resume_dir != "auto":
+        return resolve_resume_dir(resume_dir, log_root, "")
+    experiment = recipe["runner"]["logger"]["experiment_name"]
+    latest = latest_checkpoint(log_root, experiment)
+    if latest is None:
+        # the same command line is re-issued after every preemption, also one that struck before the first save
+        logger.warning("runner.resume_dir=auto: no complete checkpoint of experiment %r under %s/*/checkpoints yet; "
+                       "starting from scratch", experiment, log_root)
+        return None
+    check_resume_recipe(latest, recipe)
+    return latest
 
 
 def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: int) -> dict[str, Any]:

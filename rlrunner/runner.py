@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume_dir, save_checkpoint, write_adapters
+from rlrunner.checkpoint import load_checkpoint, resume_point, save_checkpoint, write_adapters
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
@@ -92,7 +92,7 @@ class Runner:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
         run, start, first_step = self.cfg.runner, time.monotonic(), self.step
-        if self.step == 0 and run.val_before_train:
+        if self.step == 0 and run.val_before_train and run.val_check_interval >= 0:  # -1: never
             self.evaluate()
         progress = self.progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step",
                                         dynamic_ncols=True, file=sys.stderr, disable=not sys.stderr.isatty())
@@ -102,7 +102,7 @@ class Runner:
             last = self.step == self.max_steps
             if run.val_check_interval > 0 and (self.step % run.val_check_interval == 0 or last):
                 self.evaluate()
-            if (run.save_interval > 0 and self.step % run.save_interval == 0) or last:
+            if (run.save_interval > 0 and self.step % run.save_interval == 0) or (last and run.save_interval >= 0):
                 self.save()
         progress.close()
         tqdm.write(run_summary(self.log_dir, self.step - first_step, time.monotonic() - start,
@@ -324,13 +324,10 @@ class Runner:
         return path
 
     def resume(self, resume_dir: str) -> None:
-        log_root, run_name = Path(self.cfg.runner.logger.log_path), self.log_dir.name.split("-", 2)[-1]
-        if resume_dir == "auto" and latest_checkpoint(log_root, run_name) is None:
-            # the same command line is re-issued after every preemption, also one that struck before the first save
-            logger.warning("runner.resume_dir=auto: no complete checkpoint under %s/*-%s/checkpoints yet; starting "
-                           "from scratch", log_root, run_name)
+        # auto: a checkpoint of this experiment, among the runs beside this one (where this launcher writes)
+        path = resume_point(resume_dir, self.log_dir.resolve().parent, OmegaConf.to_container(self.cfg, resolve=True))
+        if path is None:
             return
-        path = resolve_resume_dir(resume_dir, log_root, run_name)
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
         self.turns.actor_call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])

@@ -11,6 +11,7 @@ naming the node and the fix).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml
+from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml, with_log_dir
 from rlrunner.console import console_copied_to
 from rlrunner.models import MODEL_FAMILIES
 from rlrunner.objectives import OBJECTIVES
@@ -47,7 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def default_log_dir(cfg_log_path: str, config_name: str) -> Path:
-    return Path(cfg_log_path) / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(config_name).stem}"
+    # $RLRUNNER_LOG_ROOT first, as run_diffusion.sh: runner.resume_dir=auto searches beside the run's folder
+    root = os.environ.get("RLRUNNER_LOG_ROOT") or cfg_log_path
+    return Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(config_name).stem}"
 
 
 def dry_run_view(cfg: DictConfig) -> DictConfig:
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
               "keys left out above)", file=sys.stderr)
         return 0
     log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(cfg.runner.logger.log_path, args.config_name)
+    cfg = with_log_dir(cfg, log_dir)
     start_run_files(log_dir, cfg, args.command_line or shlex.join(["python", "-m", "rlrunner.train", *argv]),
                     args.config_name)
     with console_copied_to(log_dir / "console.log"):  # from the run's first line to its last

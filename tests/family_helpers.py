@@ -1,9 +1,11 @@
-"""Helpers of the model tests and ``bench/rollout_overhead.py`` (which imports this file by path): starting noise,
-prompt batches encoded once per distinct prompt, and the reference rollout through the diffusers pipeline itself.
+"""Helpers of the model tests and of bench/rollout_overhead.py and bench/gpu_folders.py (which import this file by
+path): in-memory tokenizers of the tiny (and the device check's) pipelines, starting noise, prompt batches encoded
+once per distinct prompt, and the reference rollout through the diffusers pipeline itself.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +14,39 @@ import torch
 
 from rlrunner.models import EMA_ADAPTER, FlowModel
 from rlrunner.models.base import Cond
+
+CHARS = string.ascii_lowercase + string.digits
+
+
+def clip_tokenizer(max_length: int) -> Any:
+    """A CLIP tokenizer over lowercase letters and digits, built in memory (no hub access)."""
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
+
+
+def t5_tokenizer() -> Any:
+    """A T5 (sentencepiece unigram) tokenizer over lowercase letters and digits, built in memory."""
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [("\u2581" + c, -1.0) for c in CHARS] + [(c, -2.0) for c in CHARS] + [("\u2581", -3.0)]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0)
+
+
+def qwen_tokenizer() -> Any:
+    """A byte-level Qwen2 tokenizer with the chat-template special tokens, built in memory."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[])
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    return tok
 
 
 def make_noise(model: FlowModel, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -29,21 +64,34 @@ def encode_prompt_batch(model: FlowModel, prompts: list[str]) -> Cond:
     return {k: v.index_select(0, index.to(v.device)) for k, v in cond.items()}
 
 
-def _sd3_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+def _negative(negative: Cond | None, **keys: str) -> dict[str, torch.Tensor]:
+    """The pipeline's negative-prompt arguments (``argument=cond_key``), none without guidance."""
+    return {} if negative is None else {arg: negative[key] for arg, key in keys.items()}
+
+
+def _sd3_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+              negative: Cond | None) -> dict[str, Any]:
     return {"prompt_embeds": cond["prompt_embeds"], "pooled_prompt_embeds": cond["pooled_prompt_embeds"],
-            "latents": noise, "height": model.height, "width": model.width, "guidance_scale": 1.0}
+            "latents": noise, "height": model.height, "width": model.width, "guidance_scale": guidance_scale,
+            **_negative(negative, negative_prompt_embeds="prompt_embeds",
+                        negative_pooled_prompt_embeds="pooled_prompt_embeds")}
 
 
-def _wan_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+def _wan_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+              negative: Cond | None) -> dict[str, Any]:
     return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": model.height, "width": model.width,
-            "num_frames": model.num_frames, "guidance_scale": 1.0}
+            "num_frames": model.num_frames, "guidance_scale": guidance_scale,
+            **_negative(negative, negative_prompt_embeds="prompt_embeds")}
 
 
-def _qwen_image_call(model: Any, cond: Cond, noise: torch.Tensor) -> dict[str, Any]:
+def _qwen_image_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+                     negative: Cond | None) -> dict[str, Any]:
     from rlrunner.models.qwen_image import pack_latents
 
     return {"prompt_embeds": cond["prompt_embeds"], "prompt_embeds_mask": cond["prompt_mask"],
-            "latents": pack_latents(noise), "height": model.height, "width": model.width, "true_cfg_scale": 1.0}
+            "latents": pack_latents(noise), "height": model.height, "width": model.width,
+            "true_cfg_scale": guidance_scale,
+            **_negative(negative, negative_prompt_embeds="prompt_embeds", negative_prompt_embeds_mask="prompt_mask")}
 
 
 def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
@@ -53,8 +101,9 @@ def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
     return unpack_latents(latents, h, w)
 
 
-#: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise)`` without CFG, and how to read
-#: the pipeline's output latents back into ``[B, *latent_shape]``
+#: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise, guidance_scale=g)`` (negative:
+#: ``model.negative_cond``, None without guidance), and how to read the pipeline's output latents back into
+#: ``[B, *latent_shape]``
 PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, torch.Tensor], torch.Tensor]]] = {
     "sd3": (_sd3_call, lambda model, latents: latents),
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
@@ -63,9 +112,10 @@ PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, to
 
 
 @torch.no_grad()
-def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int,
-                    adapter: str | None = EMA_ADAPTER) -> torch.Tensor:
-    """The rollout of ``model.sample`` (Euler, no CFG) through the diffusers pipeline's own ``__call__``.
+def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int, adapter: str | None = EMA_ADAPTER,
+                    guidance_scale: float = 1.0) -> torch.Tensor:
+    """The rollout of ``model.sample`` (Euler) through the diffusers pipeline's own ``__call__``; with
+    ``guidance_scale > 1``, the pipeline's own CFG with ``model.negative_cond`` as the negative prompt.
 
     The pipeline's scheduler is swapped, for the call only, for a flow-matching Euler scheduler on the same
     sigma grid, so the result equals ``sample(..., sampler="euler")`` (to float rounding of the grid).
@@ -83,8 +133,9 @@ def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: i
     model.pipe.scheduler = GridEulerScheduler(shift=float(model.cfg.shift))
     try:
         with model.use_adapter(adapter):
-            out = model.pipe(**call_kwargs(model, cond, noise), num_inference_steps=num_steps, output_type="latent",
-                             return_dict=False)[0]
+            negative = model.negative_cond(noise.shape[0]) if guidance_scale > 1 else None
+            kwargs = call_kwargs(model, cond, noise, guidance_scale, negative)
+            out = model.pipe(**kwargs, num_inference_steps=num_steps, output_type="latent", return_dict=False)[0]
     finally:
         model.pipe.scheduler = original
     return from_pipeline_latents(model, out)

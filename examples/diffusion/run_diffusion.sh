@@ -2,7 +2,7 @@
 # Launch a training recipe.
 #   bash examples/diffusion/run_diffusion.sh                          # the default recipe (CPU, tiny model)
 #   bash examples/diffusion/run_diffusion.sh <config_name> [key=value ...] [--dry-run]
-# <config_name> is a file stem in examples/diffusion/config/. Logs go to logs/<YYYYmmdd-HHMMSS>-<config_name>/
+# <config_name> is a file stem in examples/diffusion/config/, or a recipe's .yaml path. Logs go to logs/<YYYYmmdd-HHMMSS>-<config_name>/
 # (command line, console log, resolved config, TensorBoard events, metrics, samples, checkpoints).
 # bin/rlrunner train [...] calls this.
 set -euo pipefail
@@ -14,7 +14,8 @@ usage() {
     cat <<USAGE
 usage: bash examples/diffusion/run_diffusion.sh [<config_name>] [key=value ...] [--dry-run]
 
-Runs the recipe examples/diffusion/config/<config_name>.yaml (default: $DEFAULT_RECIPE) with dotted overrides,
+Runs the recipe examples/diffusion/config/<config_name>.yaml (default: $DEFAULT_RECIPE; or give a recipe's
+.yaml path, e.g. an RLinf recipe in its own config folder) with dotted overrides,
 logging to logs/<YYYYmmdd-HHMMSS>-<config_name>/ (or under \$RLRUNNER_LOG_ROOT). bin/rlrunner train ... is the same.
   --dry-run     (anywhere on the line) validate and print the resolved recipe; starts nothing, creates no log folder
   -h, --help    this message
@@ -45,15 +46,19 @@ if [ ${#args[@]} -gt 0 ] && [[ "${args[0]}" != -* ]] && [[ "${args[0]}" != *=* ]
     name="${args[0]}"
     args=("${args[@]:1}")
 fi
+if [[ "$name" == *.yaml ]] && [ -f "$name" ]; then
+    # a recipe file of one's own (e.g. an RLinf config folder): its defaults list composes from its folder
+    name="$(cd "$(dirname "$name")" && pwd)/$(basename "$name")"
+fi
 rlrunner_pick_python
 export RLRUNNER_CALLER_CWD="$PWD"  # where the user's shell is: the closing summary prints commands that work there
 cd "$ROOT"
-if [ ${#dry_run[@]} -gt 0 ] || [ ! -f "$CONFIG_DIR/$name.yaml" ]; then
+if [ ${#dry_run[@]} -gt 0 ] || { [ ! -f "$CONFIG_DIR/$name.yaml" ] && [ ! -f "$name" ]; }; then
     # a dry run validates and prints, leaving no log folder behind; an unknown name gets the list of recipes
     exec "$PY" -m rlrunner.train --config-name "$name" --dry-run "${args[@]}"
 fi
 # The run writes its own console.log (the progress bar keeps the terminal) and creates the log folder only once
 # the recipe is valid.
 exec "$PY" -u -m rlrunner.train --config-name "$name" \
-    --log-dir "${RLRUNNER_LOG_ROOT:-$ROOT/logs}/$(date +%Y%m%d-%H%M%S)-$name" \
+    --log-dir "${RLRUNNER_LOG_ROOT:-$ROOT/logs}/$(date +%Y%m%d-%H%M%S)-$(basename "$name" .yaml)" \
     --command-line "${command_line% }" "${args[@]}"

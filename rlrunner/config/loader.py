@@ -7,19 +7,23 @@ what to change; the command-line entry point prints that line and exits non-zero
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from rlrunner.config.checks import family_sections
+from rlrunner.config.compose import compose
 from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
 from rlrunner.config.paths import make_paths_absolute
+from rlrunner.config.rlinf import translate
 from rlrunner.config.schema import RecipeConfig
 from rlrunner.config.validate import validate
 
+logger = logging.getLogger("rlrunner")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
 DEFAULT_RECIPE = "tiny_awm_ocr"
 # mappings that a recipe or override states whole: merging {"actor": "0-3", ...} into the default
@@ -109,14 +113,15 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
     """
     path = recipe_path(name, config_dir)
     schema = OmegaConf.structured(RecipeConfig)
-    try:
-        recipe = OmegaConf.load(path)
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(recipe, DictConfig):
-        raise RecipeError(f"{path}: a recipe is a mapping of sections (cluster, runner, ...), got {type(recipe)}")
+    families = family_sections(schema)
+    recipe, ignored = translate(compose(path), schema, families, source=str(path))
+    override_layer, ignored_too = translate(parse_overrides(overrides or []), schema, families, under=recipe,
+                                            source="command-line override")
+    if ignored or ignored_too:
+        logger.warning("rlrunner: RLinf keys accepted that change nothing here (README \"Coming from RLinf\"): %s",
+                       ", ".join(dict.fromkeys(ignored + ignored_too)))
     cfg = schema
-    for source, layer in ((str(path), recipe), ("command-line override", parse_overrides(overrides or []))):
+    for source, layer in ((str(path), recipe), ("command-line override", override_layer)):
         try:
             cfg = OmegaConf.merge(cfg, layer)
             for key in REPLACED_NOT_MERGED:
@@ -130,8 +135,17 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
     except OmegaConfBaseException as err:
         raise RecipeError(f"{path}: cannot resolve interpolation at {getattr(err, 'full_key', '?')!r}: "
                           f"{str(err).splitlines()[0]}") from None
+    if not cfg.runner.logger.experiment_name:  # a run's identity for runner.resume_dir=auto
+        cfg.runner.logger.experiment_name = path.stem
     validate(cfg, base_dir=Path(os.getcwd()), check_datasets=check_datasets)
     make_paths_absolute(cfg, Path(os.getcwd()))  # workers run elsewhere: relative paths mean nothing there
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def with_log_dir(cfg: DictConfig, log_dir: Path) -> DictConfig:
+    """``cfg`` with ``runner.log_dir`` set to the run's real folder, as its config.yaml records it."""
+    cfg = OmegaConf.merge(cfg, {"runner": {"log_dir": str(Path(log_dir).resolve())}})
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

@@ -41,7 +41,8 @@ class ClusterConfig:
 @dataclass
 class LoggerConfig:
     log_path: str = "logs"
-    # accepted for compatibility with RLinf recipes, not read: the run folder is named by the recipe file
+    # the run's identity: runner.resume_dir=auto resumes only a checkpoint of the same experiment ("" = the recipe's
+    # name); the run folder is still named by the recipe file
     experiment_name: str = ""
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
 
@@ -56,6 +57,11 @@ class RunnerConfig:
     save_interval: int = 20
     keep_last_n: int = 3
     resume_dir: str = ""
+    # resume_dir=auto refuses a checkpoint whose recipe differs in more than run length, logging, evaluation,
+    # checkpointing and placement keys; true accepts any difference, a list of dotted keys accepts those
+    resume_allow_changes: Any = False
+    # set by the launcher to the run's folder (config.yaml records where the run really wrote); a recipe leaves it ""
+    log_dir: str = ""
     weight_sync_interval: int = 1
     # log sample grids every N steps (0 = never)
     sample_log_interval: int = 5
@@ -153,6 +159,9 @@ class RewardConfig:
     engine: str = "auto"  # auto | rapidocr | paddleocr
     use_gpu: bool = False
     lang: str = "en"
+    # PP-OCR models of engine paddleocr: PP-OCRv4 (the generation the DiffusionNFT / flow_grpo scoring ran) or
+    # PP-OCRv5 (PaddleOCR 3.x's own default); rapidocr runs the models its wheel ships
+    ocr_version: str = "PP-OCRv4"
     rec_only: bool = False  # recognition-only OCR for single-line images
     frame_interval: int = 4
     batch_size: int = 16

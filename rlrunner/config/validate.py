@@ -83,6 +83,14 @@ def _check_awm(cfg: DictConfig) -> None:
               f"and a fraction >= 1/num_steps, or algorithm.awm_timesteps=uniform")
 
 
+def _check_resume(cfg: DictConfig) -> None:
+    allow = cfg.runner.resume_allow_changes
+    if isinstance(allow, bool) or (OmegaConf.is_list(allow) and all(isinstance(key, str) for key in allow)):
+        return
+    _fail(f"runner.resume_allow_changes={allow!r} must be true, false or a list of dotted keys "
+          "(e.g. [actor.optim.lr]) that may differ from the checkpoint's recipe")
+
+
 def _check_model(cfg: DictConfig, base_dir: Path) -> None:
     model = cfg.actor.model
     if not model.model_path:
@@ -192,6 +200,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_algorithm(cfg)
     _check_flow_grpo(cfg)
     _check_awm(cfg)
+    _check_resume(cfg)
     _check_model(cfg, base_dir)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)

@@ -196,8 +196,8 @@ class FlowModel(abc.ABC):
         """``(x [B, ...], t [B]) -> v`` with whatever adapter is active, for the samplers.
 
         Classifier-free guidance (``guidance_scale > 1``) runs the ``negative_cond`` and conditional halves in one
-        batched call: ``v = v_neg + g (v_cond - v_neg)``; ``negative_cond`` defaults to ``cfg.negative_prompt``
-        and may have batch 1.
+        batched call and combines them with :meth:`combine_guidance`; ``negative_cond`` defaults to
+        ``cfg.negative_prompt`` and may have batch 1.
         """
         use_cfg = guidance_scale > 1.0
         if use_cfg:
@@ -211,9 +211,17 @@ class FlowModel(abc.ABC):
             if not use_cfg:
                 return self._predict_velocity(x.to(self.dtype), t, cond)
             v_neg, v_cond = self._predict_velocity(torch.cat([x, x]).to(self.dtype), torch.cat([t, t]), cond).chunk(2)
-            return v_neg + guidance_scale * (v_cond - v_neg)
+            return self.combine_guidance(v_neg, v_cond, guidance_scale)
 
         return velocity_fn
+
+    def combine_guidance(self, v_neg: torch.Tensor, v_cond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """Guided velocity from the negative and conditional halves (``[B, *latent_shape]`` each, model dtype).
+
+        ``v_neg + g (v_cond - v_neg)``, as the SD3 and Wan pipelines; a family whose pipeline combines them
+        otherwise overrides this, so that rollouts match the pipeline users load the exported adapter into.
+        """
+        return v_neg + guidance_scale * (v_cond - v_neg)
 
     # ------------------------------------------------------------------ text encoders / VAE placement
     @contextlib.contextmanager

@@ -8,6 +8,8 @@ Mirrors ``diffusers.QwenImagePipeline``:
   and hand ``None`` to the transformer in exactly that case.
 * latents ``[B, 16, H/8, W/8]`` are packed into 2x2 patches ``[B, (H/16)(W/16), 64]`` for the transformer and
   unpacked after; ``img_shapes = [(1, H/16, W/16)]`` per sample; the transformer takes ``timestep = sigma``.
+* guidance (``true_cfg_scale``): the plain combination rescaled, per packed token, to the conditional
+  prediction's norm (:meth:`QwenImageFlowModel.combine_guidance`).
 * decoding: ``vae.decode(latents * latents_std + latents_mean)`` on a 1-frame video, in float32.
 """
 
@@ -126,6 +128,17 @@ class QwenImageFlowModel(FlowModel):
             return_dict=False,
         )[0]
         return unpack_latents(packed, h, w)
+
+    def combine_guidance(self, v_neg: torch.Tensor, v_cond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """The pipeline's ``true_cfg_scale`` rule on ``[B, C, h, w]`` halves: ``v_neg + g (v_cond - v_neg)``
+        rescaled so that each packed token (a 2x2 patch of all channels, the pipeline's last dim) keeps the norm of
+        ``v_cond``'s token. No eps, as in the pipeline: a token whose combined velocity is exactly 0 gives NaN there
+        too."""
+        _, _, h, w = v_cond.shape
+        combined = pack_latents(super().combine_guidance(v_neg, v_cond, guidance_scale))
+        cond_norm = torch.norm(pack_latents(v_cond), dim=-1, keepdim=True)
+        combined_norm = torch.norm(combined, dim=-1, keepdim=True)
+        return unpack_latents(combined * (cond_norm / combined_norm), h, w)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:

@@ -64,7 +64,7 @@ class SD3FlowModel(FlowModel):
         factor, patch = 2 ** (len(configs["vae"]["block_out_channels"]) - 1), int(transformer["patch_size"])
         check_divisible(height, width, factor * patch, "sd3")
         latent = (int(transformer["in_channels"]), height // factor, width // factor)
-        # CLIP's length; 77, as the pipeline assumes, for a pipeline built without text encoders (bench/gpu_smoke.sh)
+        # CLIP's length; 77, as the pipeline assumes, for a pipeline built without text encoders
         clip_tokens = configs.get("text_encoder", {}).get("max_position_embeddings", CLIP_TOKENS)
         text_tokens = int(clip_tokens) + int(family_cfg.max_sequence_length)
         cond = {"prompt_embeds": ((text_tokens, int(transformer["joint_attention_dim"])), None),

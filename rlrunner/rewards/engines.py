@@ -4,8 +4,9 @@ Both engines run the PP-OCR detector + recogniser with the settings of the refer
 used by flow_grpo / DiffusionNFT): no text-line orientation classifier, detector input limited to a longest
 side of 960 px (``limit_type: max``; a 512 px image is not upscaled), lines below confidence 0.5 dropped.
 
-- ``paddleocr``: the reference engine (``requirements/gpu.txt``). PaddleOCR 3.x API, and the 2.x API.
-  It downloads its models on first use, so it needs network access or a warm model cache.
+- ``paddleocr``: the reference engine (``requirements/gpu.txt``). PaddleOCR 3.x API, and the 2.x API, with the
+  models of ``reward.ocr_version`` named explicitly (:data:`PADDLE_MODELS`; PaddleOCR 3.x alone would pick
+  PP-OCRv5). It downloads its models on first use, so it needs network access or a warm model cache.
 - ``rapidocr``: RapidOCR 3.x (``requirements/core.txt``): the same PP-OCR models as ONNX, shipped inside
   the wheel, so it runs offline. We use ``rapidocr`` (with ``opencv-python-headless``), not
   ``rapidocr-onnxruntime``, which pulls ``opencv-python`` and clashes with the headless build.
@@ -35,6 +36,19 @@ DET_LIMIT_SIDE = 960
 
 #: One recognised line: (text, confidence in [0, 1]).
 Line = tuple[str, float]
+
+#: ``reward.ocr_version`` -> ``reward.lang`` -> PaddleOCR 3.x (detection, recognition) model names: the ones
+#: PaddleOCR 3.x itself maps that version and language to. The reference scoring (flow_grpo / DiffusionNFT:
+#: paddleocr 2.9.1, ``lang="en"``, its default PP-OCRv4) ran en_PP-OCRv4_rec, the recogniser named here for
+#: PP-OCRv4 / en, behind 2.x's en_PP-OCRv3_det, a detector PaddleOCR 3.x no longer ships.
+PADDLE_MODELS: dict[str, dict[str, tuple[str, str]]] = {
+    "PP-OCRv4": {"en": ("PP-OCRv4_mobile_det", "en_PP-OCRv4_mobile_rec"),
+                 "ch": ("PP-OCRv4_mobile_det", "PP-OCRv4_mobile_rec")},
+    "PP-OCRv5": {"en": ("PP-OCRv5_server_det", "en_PP-OCRv5_mobile_rec"),
+                 "ch": ("PP-OCRv5_server_det", "PP-OCRv5_server_rec")},
+}
+#: PaddleOCR 2.x knows PP-OCRv4 and older by ``ocr_version`` (it picks the models itself)
+PADDLE_2X_VERSIONS = ("PP-OCRv4",)
 
 
 class OcrEngine(ABC):
@@ -99,11 +113,13 @@ def _is_installed(package: str) -> bool:
         return False
 
 
-def build_engine(name: str, *, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16):
+def build_engine(name: str, *, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16,
+                 ocr_version: str = "PP-OCRv4"):
     """Build the engine called ``name`` (``auto`` picks the best installed one that builds).
 
     Args:
         num_threads: CPU threads for inference; 0 = all available cores.
+        ocr_version: PP-OCR generation of the ``paddleocr`` engine's models (a key of :data:`PADDLE_MODELS`).
 
     Returns:
         ``(engine, resolved_name)``.
@@ -112,7 +128,8 @@ def build_engine(name: str, *, lang: str = "en", use_gpu: bool = False, num_thre
         ValueError: unknown name (lists the valid ones). ImportError: the engine is not installed (says how to
         install it).
     """
-    kwargs: dict[str, Any] = {"lang": lang, "use_gpu": use_gpu, "num_threads": num_threads, "batch_size": batch_size}
+    kwargs: dict[str, Any] = {"lang": lang, "use_gpu": use_gpu, "num_threads": num_threads, "batch_size": batch_size,
+                              "ocr_version": ocr_version}
     if name != "auto":
         if name not in ENGINES:
             raise ValueError(f"Unknown reward.engine {name!r}; valid names: {['auto', *sorted(ENGINES)]}")
@@ -140,11 +157,14 @@ class RapidOcrEngine(OcrEngine):
     """RapidOCR 3.x (ONNX Runtime). Models ship inside the wheel: works offline.
 
     RapidOCR keeps per-call keyword arguments (``use_det``...) for later calls, so every call passes all of them.
+    It runs the models its wheel ships: ``ocr_version`` (the ``paddleocr`` engine's models) is accepted so that
+    every engine takes the same arguments, and not read.
     """
 
     name = "rapidocr"
 
-    def __init__(self, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16) -> None:
+    def __init__(self, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16,
+                 ocr_version: str = "PP-OCRv4") -> None:
         try:
             import rapidocr
             from rapidocr.utils.process_img import get_rotate_crop_image
@@ -224,26 +244,45 @@ def _onnx_cuda_available() -> bool:
 
 @register_engine("paddleocr")
 class PaddleOcrEngine(OcrEngine):
-    """PaddleOCR, the reference engine: 3.x API (``predict``), or the 2.x API (``ocr``) on PaddleOCR < 3."""
+    """PaddleOCR, the reference engine: 3.x API (``predict``), or the 2.x API (``ocr``) on PaddleOCR < 3.
+
+    3.x gets the detection and recognition models of ``ocr_version`` / ``lang`` by name (:data:`PADDLE_MODELS`),
+    and recognition-only reading builds the public ``TextRecognition`` with that recognition model; 2.x gets
+    ``ocr_version`` and picks the models itself, as the reference scoring did.
+    """
 
     name = "paddleocr"
 
-    def __init__(self, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16) -> None:
+    def __init__(self, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16,
+                 ocr_version: str = "PP-OCRv4") -> None:
         try:
             import paddleocr
         except ImportError as err:
             raise missing_engine_error("paddleocr", err) from err
         self._module = paddleocr
-        self._v3 = int(str(getattr(paddleocr, "__version__", "3")).split(".")[0]) >= 3
+        version = str(getattr(paddleocr, "__version__", "3"))
+        self._v3 = int(version.split(".")[0]) >= 3
         self._lang, self._use_gpu, self._batch_size = lang, use_gpu, max(1, batch_size)
+        self._ocr_version = ocr_version
         self._threads = num_threads if num_threads > 0 else default_num_threads(1)
         self._recognizer: Any = None
-        self._ocr = self._build_v3() if self._v3 else self._build_v2()
+        if self._v3:
+            self._det_model, self._rec_model = paddle_model_names(ocr_version, lang)
+            self._ocr = self._build_v3()
+        elif ocr_version not in PADDLE_2X_VERSIONS:
+            raise ValueError(f"reward.ocr_version {ocr_version!r} needs PaddleOCR 3.x, but {version} is installed; "
+                             f"use one of {list(PADDLE_2X_VERSIONS)} or pip install 'paddleocr>=3'")
+        else:
+            self._ocr = self._build_v2()
+
+    def _device(self) -> str:
+        return "gpu" if self._use_gpu else "cpu"
 
     def _build_v3(self) -> Any:
         return self._module.PaddleOCR(
-            lang=self._lang,
-            device="gpu" if self._use_gpu else "cpu",
+            text_detection_model_name=self._det_model,
+            text_recognition_model_name=self._rec_model,
+            device=self._device(),
             cpu_threads=self._threads,
             use_doc_orientation_classify=False,
             use_doc_unwarping=False,
@@ -258,6 +297,7 @@ class PaddleOcrEngine(OcrEngine):
         return self._module.PaddleOCR(
             use_angle_cls=False,
             lang=self._lang,
+            ocr_version=self._ocr_version,
             use_gpu=self._use_gpu,
             show_log=False,
             det_limit_type="max",
@@ -290,11 +330,23 @@ class PaddleOcrEngine(OcrEngine):
         return lines
 
     def _rec_only_model(self) -> Any:
-        """PaddleOCR 3.x: the pipeline's recognition model alone (built on first use)."""
+        """PaddleOCR 3.x: the pipeline's recognition model alone, public ``TextRecognition`` (built on first use)."""
         if self._recognizer is None:
-            names = getattr(self._ocr, "_get_ocr_model_names", None)
-            rec_name = names(self._lang, None)[1] if names else None
             self._recognizer = self._module.TextRecognition(
-                model_name=rec_name, device="gpu" if self._use_gpu else "cpu", cpu_threads=self._threads
+                model_name=self._rec_model, device=self._device(), cpu_threads=self._threads
             )
         return self._recognizer
+
+
+def paddle_model_names(ocr_version: str, lang: str) -> tuple[str, str]:
+    """PaddleOCR 3.x (detection, recognition) model names of ``reward.ocr_version`` and ``reward.lang``.
+
+    Raises ``ValueError`` naming both keys and the supported values for a pair outside :data:`PADDLE_MODELS`.
+    """
+    if ocr_version not in PADDLE_MODELS:
+        raise ValueError(f"reward.ocr_version {ocr_version!r} is not one of {list(PADDLE_MODELS)}")
+    by_lang = PADDLE_MODELS[ocr_version]
+    if lang not in by_lang:
+        raise ValueError(f"reward.lang {lang!r} has no PaddleOCR {ocr_version} models here; supported: "
+                         f"{list(by_lang)} (add the model names to rlrunner/rewards/engines.py PADDLE_MODELS)")
+    return by_lang[lang]

@@ -110,6 +110,7 @@ class EnginePool:
             "use_gpu": spec.use_gpu,
             "num_threads": default_num_threads(spec.num_workers),
             "batch_size": spec.batch_size,
+            "ocr_version": spec.ocr_version,
         }
         self._limits = {"concurrency": spec.num_workers, "max_rebuilds": spec.max_engine_rebuilds,
                         "timeout_s": spec.timeout_s}
@@ -178,7 +179,8 @@ class OcrReward(Reward):
     ``extra["targets"]``, ``extra["error_mask"]`` bool ``[B]``, ``extra["error_reasons"]`` and
     ``extra["image_errors"]`` (why each image scored 0, or None).
 
-    Config keys used: ``engine``, ``use_gpu``, ``lang``, ``rec_only`` (each image is one text line: recognition
+    Config keys used: ``engine``, ``use_gpu``, ``lang``, ``ocr_version`` (the paddleocr engine's models),
+    ``rec_only`` (each image is one text line: recognition
     only, no detector), ``batch_size`` (images per engine call), ``num_workers`` (sizes inference threads),
     ``alphabet`` (recognised text filtered to these characters before scoring), ``timeout_s`` (seconds one engine
     call may take; the images of a call past it score 0, counted in ``errors``).

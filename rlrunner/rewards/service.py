@@ -107,8 +107,9 @@ class ServiceClient:
                 continue
             if response.status_code != 200:
                 raise ServiceError(f"{url} answered HTTP {response.status_code}: {_error_text(response)}")
-            try:
-                return response.json()
+            try:  # stdlib json, not response.json(): requests switches to simplejson when installed, which
+                # rejects NaN, and a NaN reward must reach the finite-number check with its own message
+                return json.loads(response.content)
             except ValueError:
                 raise ServiceError(f"{url} answered with a body that is not JSON: {response.text[:120]!r}") from None
         raise ServiceError(f"{url} failed after {self.max_retries + 1} attempt(s): {last}")

@@ -31,6 +31,8 @@ def test_recipe_error_lives_in_its_own_module():
     # registries, train and eval
     ("env.train.reward.model=ocrr", "env.train.reward.model='ocrr' is not valid (did you mean 'ocr'?); choose one"),
     ("env.eval.reward.engine=tesseract", "env.eval.reward.engine='tesseract' is not valid; choose one of ['auto'"),
+    ("env.train.reward.ocr_version=PP-OCRv3",
+     "env.train.reward.ocr_version='PP-OCRv3' is not valid (did you mean 'PP-OCRv5'?); choose one of ['PP-OCRv4', 'PP-OCRv5']"),
     ("actor.model.tiny.train_sampler=dpm3", "actor.model.tiny.train_sampler='dpm3' is not valid"),
     ("algorithm.nft_weight_mode=adaptiv", "(did you mean 'adaptive'?)"),
     ("runner.logger.logger_backends=[wandb]", "runner.logger.logger_backends=['wandb'] has item 'wandb' that is not"),

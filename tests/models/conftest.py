@@ -9,43 +9,13 @@ the same ``from_pretrained`` code as for a hub id. Tests use the fixtures (``tin
 
 from __future__ import annotations
 
-import string
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-CHARS = string.ascii_lowercase + string.digits
-
-
-def _clip_tokenizer(max_length: int):
-    from transformers import CLIPTokenizer
-
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in CHARS:
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
-
-
-def _t5_tokenizer():
-    from transformers import T5TokenizerFast
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    pieces += [("\u2581" + c, -1.0) for c in CHARS] + [(c, -2.0) for c in CHARS] + [("\u2581", -3.0)]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0)
-
-
-def _qwen_tokenizer():
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[])
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    return tok
+from family_helpers import clip_tokenizer, qwen_tokenizer, t5_tokenizer
 
 
 def _t5_encoder(vocab_size: int, d_model: int = 32):
@@ -79,9 +49,9 @@ def write_tiny_sd3(directory: str | Path) -> Path:
                         shift_factor=0.0609, scaling_factor=1.5035, sample_size=16)
     pipe = StableDiffusion3Pipeline(
         transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        text_encoder=CLIPTextModelWithProjection(clip_cfg), tokenizer=_clip_tokenizer(16),
-        text_encoder_2=CLIPTextModelWithProjection(clip_cfg), tokenizer_2=_clip_tokenizer(16),
-        text_encoder_3=_t5_encoder(80), tokenizer_3=_t5_tokenizer(),
+        text_encoder=CLIPTextModelWithProjection(clip_cfg), tokenizer=clip_tokenizer(16),
+        text_encoder_2=CLIPTextModelWithProjection(clip_cfg), tokenizer_2=clip_tokenizer(16),
+        text_encoder_3=_t5_encoder(80), tokenizer_3=t5_tokenizer(),
     )
     pipe.save_pretrained(directory)
     return Path(directory)
@@ -103,7 +73,7 @@ def write_tiny_wan(directory: str | Path) -> Path:
     te_cfg = UMT5Config(vocab_size=80, d_model=32, d_kv=8, d_ff=37, num_layers=1, num_heads=4,
                         relative_attention_num_buckets=8, decoder_start_token_id=0)
     pipe = WanPipeline(
-        transformer=transformer, vae=vae, text_encoder=UMT5EncoderModel(te_cfg), tokenizer=_t5_tokenizer(),
+        transformer=transformer, vae=vae, text_encoder=UMT5EncoderModel(te_cfg), tokenizer=t5_tokenizer(),
         scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0),
         expand_timesteps=True,
     )
@@ -127,7 +97,7 @@ def write_tiny_qwen_image(directory: str | Path) -> Path:
                                               guidance_embeds=False, axes_dims_rope=(4, 2, 2))
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
                                  temperal_downsample=[False, True], latents_mean=[0.1] * 4, latents_std=[2.0] * 4)
-    tokenizer = _qwen_tokenizer()
+    tokenizer = qwen_tokenizer()
     te_cfg = Qwen2_5_VLConfig(
         text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
                      "num_key_value_heads": 2, "vocab_size": len(tokenizer), "rope_theta": 1000000.0,

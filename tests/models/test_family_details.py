@@ -7,6 +7,7 @@ import torch
 from family_helpers import make_noise
 
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
+from rlrunner.models.base import FlowModel
 from rlrunner.models.wan import latent_num_frames
 
 WAN = "wan22_ti2v_5b"
@@ -68,6 +69,21 @@ def test_qwen_mask_is_none_unless_something_is_padded(load_tiny):
     assert seen[0] is not None and seen[1] is None
     both = model.concat_cond([same, ragged])  # CFG halves / batches with different text lengths
     assert both["prompt_embeds"].shape[:2] == both["prompt_mask"].shape == (4, ragged["prompt_mask"].shape[1])
+
+
+def test_qwen_guidance_rescales_each_packed_token_to_the_conditional_norm(load_tiny):
+    """``true_cfg_scale`` by hand on two 2x2-patch tokens ([1, 4, 2, 4] latents), g = 2: token 0 has
+    v_cond = e1, v_neg = e2, so v = 2 e1 - e2 rescaled to norm 1; token 1 has v_cond = 0, v_neg = e1, so 0."""
+    model = load_tiny("qwen_image")
+    v_cond, v_neg = torch.zeros(1, 4, 2, 4), torch.zeros(1, 4, 2, 4)
+    v_cond[0, 0, 0, 0] = 1.0  # token 0 (columns 0-1), channel 0
+    v_neg[0, 1, 0, 0] = 1.0  # token 0, channel 1
+    v_neg[0, 0, 1, 3] = 1.0  # token 1 (columns 2-3), channel 0
+    expected = torch.zeros(1, 4, 2, 4)
+    expected[0, 0, 0, 0], expected[0, 1, 0, 0] = 2 / 5**0.5, -1 / 5**0.5
+    torch.testing.assert_close(model.combine_guidance(v_neg, v_cond, 2.0), expected)
+    plain = FlowModel.combine_guidance(model, v_neg, v_cond, 2.0)
+    assert plain[0, 0, 1, 3] == -1.0  # the base rule (SD3, Wan) leaves it unscaled
 
 
 # ------------------------------------------------------------------------------------------ precision, memory

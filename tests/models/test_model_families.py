@@ -80,6 +80,16 @@ def test_euler_rollout_equals_the_diffusers_pipeline_call(model):
     torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=1e-5)
 
 
+def test_guided_euler_rollout_equals_the_diffusers_pipeline_call(model):
+    """Guidance > 1 as each pipeline does it: plain CFG for SD3 and Wan, norm-rescaled CFG for Qwen-Image."""
+    _perturb(model, EMA_ADAPTER)
+    cond = model.encode_prompts(PROMPTS)
+    noise = _noise(model, 3, seed=6)
+    ours = model.sample(cond, noise, sampler="euler", num_steps=2, guidance_scale=4.0, adapter=EMA_ADAPTER)
+    theirs = pipeline_sample(model, cond, noise, num_steps=2, adapter=EMA_ADAPTER, guidance_scale=4.0)
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=1e-5)
+
+
 def test_prompt_groups_encode_each_prompt_once(model, monkeypatch):
     calls = []
     encode = model.encode_prompts

@@ -30,9 +30,6 @@ def fake_paddleocr(version: str, fail: bool = False) -> types.ModuleType:
                 raise RuntimeError("cannot download PP-OCR models (offline)")
             seen["init"] = kwargs
 
-        def _get_ocr_model_names(self, lang: str, version: Any) -> tuple[str, str]:
-            return "det_model", f"{lang}_rec_model"
-
         def predict(self, images: list[np.ndarray]) -> list[dict[str, Any]]:  # 3.x
             seen["inputs"].extend(images)
             return [{"rec_texts": ["Hello", "World"], "rec_scores": [0.99, 0.2]} for _ in images]
@@ -65,16 +62,44 @@ def rgb_image() -> np.ndarray:
 
 
 def test_paddleocr_3x_api(monkeypatch) -> None:
+    """3.x gets the PP-OCRv4 English models by name (alone, PaddleOCR(lang="en") would pick PP-OCRv5), and
+    recognition-only reading builds the public TextRecognition with the same recogniser."""
     module = fake_paddleocr("3.7.0")
     monkeypatch.setitem(sys.modules, "paddleocr", module)
     engine = PaddleOcrEngine(lang="en", use_gpu=True, num_threads=2, batch_size=4)
-    init = module.seen["init"]
-    assert init["device"] == "gpu" and init["lang"] == "en" and init["use_textline_orientation"] is False
-    assert init["text_det_limit_type"] == "max" and init["text_det_limit_side_len"] == 960
+    assert module.seen["init"] == {
+        "text_detection_model_name": "PP-OCRv4_mobile_det", "text_recognition_model_name": "en_PP-OCRv4_mobile_rec",
+        "device": "gpu", "cpu_threads": 2, "use_doc_orientation_classify": False, "use_doc_unwarping": False,
+        "use_textline_orientation": False, "text_det_limit_type": "max", "text_det_limit_side_len": 960,
+        "text_rec_score_thresh": 0.0, "text_recognition_batch_size": 4,
+    }  # no lang / ocr_version: 3.x ignores them, with a warning, once model names are given
     assert engine.read([rgb_image(), rgb_image()]) == [[("Hello", 0.99), ("World", 0.2)]] * 2
     assert tuple(module.seen["inputs"][0][0, 0]) == (30, 20, 10)  # RGB in, BGR to PaddleOCR
+    assert "rec_init" not in module.seen  # built on first recognition-only call
     assert engine.read_lines([rgb_image()]) == [("Hello", 0.97)]
-    assert module.seen["rec_init"]["model_name"] == "en_rec_model"
+    assert module.seen["rec_init"] == {"model_name": "en_PP-OCRv4_mobile_rec", "device": "gpu", "cpu_threads": 2}
+
+
+def test_paddleocr_3x_ocr_version_option_and_bad_pairs(monkeypatch) -> None:
+    module = fake_paddleocr("3.2.0")
+    monkeypatch.setitem(sys.modules, "paddleocr", module)
+    PaddleOcrEngine(lang="en", ocr_version="PP-OCRv5").read_lines([rgb_image()])
+    assert module.seen["init"]["text_detection_model_name"] == "PP-OCRv5_server_det"
+    assert module.seen["init"]["text_recognition_model_name"] == "en_PP-OCRv5_mobile_rec"
+    assert module.seen["rec_init"]["model_name"] == "en_PP-OCRv5_mobile_rec"
+    with pytest.raises(ValueError, match=r"reward\.ocr_version 'PP-OCRv9' is not one of \['PP-OCRv4', 'PP-OCRv5'\]"):
+        PaddleOcrEngine(ocr_version="PP-OCRv9")
+    with pytest.raises(ValueError, match=r"reward\.lang 'fr' has no PaddleOCR PP-OCRv4 models.*\['en', 'ch'\]"):
+        PaddleOcrEngine(lang="fr")
+
+
+def test_reward_passes_ocr_version_to_the_engine(monkeypatch) -> None:
+    module = fake_paddleocr("3.0.0")
+    monkeypatch.setitem(sys.modules, "paddleocr", module)
+    build_reward({"model": "ocr", "engine": "paddleocr"})
+    assert module.seen["init"]["text_recognition_model_name"] == "en_PP-OCRv4_mobile_rec"  # schema default
+    build_reward({"model": "ocr", "engine": "paddleocr", "ocr_version": "PP-OCRv5"})
+    assert module.seen["init"]["text_recognition_model_name"] == "en_PP-OCRv5_mobile_rec"
 
 
 def test_paddleocr_2x_api(monkeypatch) -> None:
@@ -83,10 +108,13 @@ def test_paddleocr_2x_api(monkeypatch) -> None:
     engine = PaddleOcrEngine(lang="en", use_gpu=False)
     init = module.seen["init"]
     assert init["use_gpu"] is False and init["use_angle_cls"] is False and init["det_limit_type"] == "max"
+    assert init["lang"] == "en" and init["ocr_version"] == "PP-OCRv4"  # 2.x picks PP-OCRv4's models itself
     empty = coded_image(0, 16)
     assert engine.read([rgb_image(), empty]) == [[("Hello", 0.99), ("World", 0.9)], []]
     assert module.seen["cls"] is False
     assert engine.read_lines([rgb_image()]) == [("Hello", 0.98)]
+    with pytest.raises(ValueError, match=r"PP-OCRv5.*needs PaddleOCR 3\.x, but 2\.7\.3 is installed"):
+        PaddleOcrEngine(ocr_version="PP-OCRv5")
 
 
 def test_paddleocr_reward_end_to_end_with_mock(monkeypatch) -> None:

@@ -257,9 +257,11 @@ def test_config_forms(fake_engine) -> None:
 
 
 def test_engine_settings_reach_the_engine(fake_engine) -> None:
-    reward = build_reward({"engine": "fake", "lang": "fr", "use_gpu": True, "batch_size": 5, "num_workers": 64})
+    reward = build_reward({"engine": "fake", "lang": "fr", "use_gpu": True, "batch_size": 5, "num_workers": 64,
+                           "ocr_version": "PP-OCRv5"})
     engine = reward.engines._free[0]
-    assert engine.kwargs == {"lang": "fr", "use_gpu": True, "num_threads": 1, "batch_size": 5}
+    assert engine.kwargs == {"lang": "fr", "use_gpu": True, "num_threads": 1, "batch_size": 5,
+                             "ocr_version": "PP-OCRv5"}
 
 
 def test_rewards_pickle(fake_engine) -> None:
