@@ -8,9 +8,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+from rlrunner.logger_backends import TRACKERS, open_trackers
 
 
 class StepTimer:
@@ -73,19 +76,27 @@ def sample_grid(images: np.ndarray, prompts: list[str], rewards: np.ndarray, tit
 
 
 # runner.logger.logger_backends: metrics.jsonl and samples/ are always written; these are the optional ones
-LOGGER_BACKENDS = ("tensorboard",)
+LOGGER_BACKENDS = ("tensorboard", *TRACKERS)
 
 
 class RunLogger:
-    """Writes scalars to TensorBoard and ``metrics.jsonl``; images and videos to TensorBoard and ``samples/``."""
+    """Writes scalars to TensorBoard, the trackers and ``metrics.jsonl``; images to them and ``samples/``; videos
+    to TensorBoard.
 
-    def __init__(self, log_dir: Path, backends: list[str]) -> None:
+    ``cfg`` is the recipe's ``runner.logger`` (:class:`~rlrunner.config.schema.LoggerConfig`): its
+    ``logger_backends``, and the ``project_name``/``experiment_name`` of the run in the trackers (wandb, swanlab,
+    mlflow); ``config`` is the resolved recipe they record with it.
+    """
+
+    def __init__(self, log_dir: Path, cfg: Any, config: dict | None = None) -> None:
         self.log_dir = Path(log_dir)
         self.writer = None
-        if "tensorboard" in backends:
+        if "tensorboard" in cfg.logger_backends:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.log_dir / "tensorboard"))
+        self.trackers = open_trackers(list(cfg.logger_backends), self.log_dir, cfg.project_name,
+                                      cfg.experiment_name or self.log_dir.name, config or {})
         self.jsonl = open(self.log_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
         (self.log_dir / "samples").mkdir(exist_ok=True)
 
@@ -95,6 +106,8 @@ class RunLogger:
         if self.writer is not None:
             for name, value in clean.items():
                 self.writer.add_scalar(name, value, step)
+        for tracker in self.trackers:
+            tracker.scalars(clean, step)
 
     def samples(self, tag: str, images: np.ndarray, prompts: list[str], rewards: np.ndarray, step: int,
                 texts: list[str] | None = None) -> Path:
@@ -107,6 +120,8 @@ class RunLogger:
         if self.writer is not None:
             self.writer.add_image(tag, grid, step, dataformats="HWC")
             self.writer.add_text(f"{tag}/prompts", "\n\n".join(prompts), step)
+        for tracker in self.trackers:
+            tracker.image(tag, grid, " | ".join(prompts), step)
         return path
 
     def videos(self, tag: str, videos: np.ndarray, step: int, fps: int, out_dir: Path | None = None) -> None:
@@ -126,5 +141,7 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
         self.jsonl.close()
 

@@ -92,7 +92,7 @@ def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_nam
     family_cfg = model[model.model_type]
     strategy = str(cfg.actor.strategy)
     plans = {"actor": actor_plan(sizes, geometry, strategy, bool(family_cfg.gradient_checkpointing)),
-             "rollout": rollout_plan(sizes, geometry, family_cfg), "env": env_plan()}
+             "rollout": rollout_plan(sizes, geometry, family_cfg), "env": env_plan(cfg.env)}
     lines = [
         (f"rlrunner plan for {config_name!r}: {model.model_type} from {model.model_path} (config files only; no "
          f"weights read)"),

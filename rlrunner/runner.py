@@ -21,14 +21,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rlrunner.algorithms.advantages import get_advantage_estimator
+from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
 from rlrunner.batch import Batch
 from rlrunner.checkpoint import load_checkpoint, resume_point, save_checkpoint, write_adapters
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
-from rlrunner.data.prompts import PromptSampler, load_prompts
+from rlrunner.data.prompts import PromptSampler, load_datasets
 from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.models import TRAINED_ADAPTER
@@ -55,8 +55,8 @@ class Runner:
         self.cfg, self.log_dir, self.cluster = cfg, Path(log_dir), cluster
         run, alg, env = cfg.runner, cfg.algorithm, cfg.env
         placement = cluster.placement
-        self.train_prompts = load_prompts(env.train.dataset.path, env.train.dataset.split)
-        self.eval_prompts = load_prompts(env.eval.dataset.path, env.eval.dataset.split)[: env.eval.total_num_envs]
+        datasets = load_datasets(env)
+        self.train_prompts, self.eval_prompts = datasets["train"].prompts, datasets["eval"].prompts
         self.sampler = PromptSampler(self.train_prompts, derive_seed(run.seed, "prompts", 0))
         self.prompts_per_epoch = env.train.total_num_envs // alg.group_size
         samples_per_step = env.train.total_num_envs * env.train.rollout_epoch
@@ -69,7 +69,8 @@ class Runner:
         rewards = OmegaConf.create({s: {"reward": env[s].reward} for s in SPLITS})  # no log folder path (video_cfg)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], rewards)
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
-        self.run_logger = RunLogger(self.log_dir, list(run.logger.logger_backends))
+        self.run_logger = RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
+        self.env.call("set_prompt_metadata", {split: data.by_prompt() for split, data in datasets.items()})
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
@@ -115,7 +116,7 @@ class Runner:
             rollout, reward = self.train_rollout(timer)
             self.check_reward_failure(reward)
             with timer("advantages"):
-                advantages = self.advantages(torch.from_numpy(reward.avg))
+                advantages = self.advantages(reward)
             if self.cfg.runner.rollout_ahead and self.step + 1 < self.max_steps:
                 self.start_rollout_ahead(self.sample_step_prompts(), self.step + 1)
             with timer("train"):
@@ -225,14 +226,18 @@ class Runner:
             raise RewardUnavailable(f"no training sample could be scored in {limit} step(s) in a row "
                                     f"(runner.max_reward_error_steps={limit}): {reward.failure}")
 
-    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages; ``reward_signal`` none/shuffle are control runs without a real signal."""
-        alg = self.cfg.algorithm
+    def advantages(self, reward: RewardOutput) -> torch.Tensor:
+        """Group-relative advantages (GDPO's of multi parts, if any); ``reward_signal`` none/shuffle are controls."""
+        alg, keys = self.cfg.algorithm, [k for k in ("part_scores", "part_weights") if k in reward.extra]
+        rewards, *parts = [torch.from_numpy(a) for a in (reward.avg, *(reward.extra[k] for k in keys))]
         if alg.reward_signal == "none":
             return torch.zeros_like(rewards)
         if alg.reward_signal == "shuffle":
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.runner.seed, "shuffle", self.step))
-            rewards = rewards[torch.randperm(len(rewards), generator=generator)]
+            order = torch.randperm(len(rewards), generator=generator)
+            rewards, *parts = [a[order] for a in (rewards, *parts)]
+        if parts:  # a multi reward with aggregation: per_reward_normalized
+            return per_reward_normalized_advantages(*parts, alg.group_size, video_mode=alg.advantage_mode)
         estimator = get_advantage_estimator(alg.adv_type)
         return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
 

@@ -7,7 +7,8 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 RLRUNNER_REQS=("$ROOT/requirements/core.txt" "$ROOT/requirements/dev.txt")
-RLRUNNER_REQ_FILES=("$ROOT/requirements/core.txt" "$ROOT/requirements/common.txt" "$ROOT/requirements/dev.txt")
+RLRUNNER_REQ_FILES=("$ROOT/requirements/core.txt" "$ROOT/requirements/common.txt" "$ROOT/requirements/dev.txt"
+                    "$ROOT/requirements/loggers.txt")
 # Modules the runner and the test suite need; an OCR engine is either RapidOCR (CPU) or PaddleOCR (GPU).
 RLRUNNER_PROBE='import torch, diffusers, peft, transformers, omegaconf, ray, tensorboard, PIL, imageio, Levenshtein, pytest
 try:

@@ -12,6 +12,9 @@ Video (``grpo_video``), chunk rewards ``r[b, k]`` (k = latent-frame chunk)::
     "video": mean/std over all chunks of all rollouts of a group jointly, one advantage per chunk
     "frame": mean/std over the group separately for each chunk index k
 
+Several rewards (``reward.aggregation: per_reward_normalized``): :func:`per_reward_normalized_advantages` z-scores
+each reward within its group, sums them with their weights and normalises the sum over the batch (GDPO).
+
 Standard deviations are population ones (``unbiased=False``, as ``np.std``). A group whose rewards are all
 equal gets advantage exactly 0 (never NaN, never round-off noise divided by eps).
 """
@@ -98,6 +101,39 @@ def video_group_advantages(
     sigma = r.std(dim=dims, unbiased=False, keepdim=True)
     constant = (r.amax(dim=dims, keepdim=True) == r.amin(dim=dims, keepdim=True)).expand_as(r)
     return _normalise(centred, sigma, constant, eps).reshape(chunk_rewards.shape)
+
+
+def per_reward_normalized_advantages(
+    parts: Tensor, weights: Tensor, group_size: int, *, video_mode: str = "video", eps: float = 1e-6
+) -> Tensor:
+    """GDPO-style advantages of several rewards (Flow-Factory's default for multi-reward training).
+
+    Each reward is z-scored within its group on its own, so a reward with a larger spread cannot drown the others::
+
+        z_p = (r_p − mean_group(r_p)) / (std_group(r_p) + eps)        (0 for a group where r_p is constant)
+        s   = Σ_p w_p · z_p
+        A   = (s − mean_batch(s)) / (std_batch(s) + eps)               (0 when s spreads by <= 1e-5 over the batch)
+
+    Args:
+        parts: ``[N, P]`` raw scores of P rewards, or ``[N, P, K]`` chunk rewards of videos; groups contiguous.
+        weights: ``[P]``, or ``[N, P]`` per row (a reward dropped for some rows has weight 0 there).
+        group_size: G, rollouts per prompt.
+        video_mode: for ``[N, P, K]``, how each reward is z-scored (``video_group_advantages``' ``mode``).
+        eps: added to both standard deviations.
+
+    Returns:
+        ``[N]`` (or ``[N, K]``) float advantages.
+    """
+    if parts.dim() not in (2, 3):
+        raise ValueError(f"parts must be [N, P] or [N, P, K], got shape {tuple(parts.shape)}")
+    weights = weights.float().expand(parts.shape[:2])
+    z = torch.stack([group_advantages(parts[:, p], group_size, eps=eps) if parts.dim() == 2
+                     else video_group_advantages(parts[:, p], group_size, video_mode, eps=eps)
+                     for p in range(parts.shape[1])], dim=1)
+    s = (z * weights.reshape(weights.shape + (1,) * (z.dim() - 2))).sum(dim=1)
+    # z-scores are O(1): a spread of s below 1e-5 is round-off of rewards that agree, not a signal to blow up
+    constant = (s.amax() - s.amin() <= 1e-5).expand_as(s)
+    return _normalise(s - s.mean(), s.std(unbiased=False), constant, eps)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {

@@ -197,12 +197,19 @@ _REWARD = {
     "lang": Free("an OCR language code, passed to the engine, which rejects unknown ones when it loads"),
     "ocr_version": Choice(_registry("rlrunner.rewards.engines", "PADDLE_MODELS")),
     "rec_only": Free("bool"),
-    "frame_interval": Range(low=0, meaning="frames per chunk reward; 0 = one reward per frame"),
+    # >= 1 on every recipe: the video check (validate._check_video) runs only when num_frames > 1, so a range that
+    # let 0 through ("one reward per frame", which never matches a video's latent frames) passed on image recipes
+    "frame_interval": Range(low=1, meaning="frames per chunk reward; 4 = the video VAE's temporal compression"),
     "batch_size": POSITIVE_INT,
     "num_workers": POSITIVE_INT,
     "weight": Range(meaning="weight of this part in a multi reward"),
     "alphabet": Free("the characters to keep; any text"),
     "rewards": Rule(_is_reward_parts, "a list of mappings of reward keys (parts of a multi reward)"),
+    "aggregation": Choice(_registry("rlrunner.rewards.multi", "AGGREGATIONS")),
+    "model_path": Free("a local folder/file or a hub id; loaded (and reported if missing) when the reward is built"),
+    "processor_path": Free("a local folder or hub id of the tokenizer/processor, or empty (= model_path)"),
+    "head_path": ExistingPath(kind="file"),
+    "precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),
     "url": Rule(_is_url, "an http(s) URL such as http://127.0.0.1:8000, or empty"),
     "token_file": ExistingPath(kind="file"),
     "base_url": Rule(_is_url, "an http(s) URL such as http://127.0.0.1:8000/v1, or empty"),
@@ -238,9 +245,10 @@ _FAMILY = {
 _SPLIT = {
     "total_num_envs": POSITIVE_INT,
     "rollout_epoch": POSITIVE_INT,
-    "dataset.type": Choice(_fixed("ocr")),  # prompt text files (rlrunner/data/prompts.py)
+    "dataset.type": Choice(_fixed("ocr")),  # prompt files (rlrunner/data/prompts.py)
     "dataset.path": Elsewhere("_check_env (with dataset.split; skipped by tools that read no prompts)"),
-    "dataset.split": Elsewhere("_check_env (<split>.txt must exist in dataset.path)"),
+    "dataset.split": Elsewhere("_check_env (<split>.txt, .jsonl or .parquet must exist in dataset.path)"),
+    "dataset.prompt_key": Elsewhere("_check_env (each record of a .jsonl or .parquet dataset.path must have it)"),
     **{f"reward.{key}": check for key, check in _REWARD.items()},
     "video_cfg.save_video": Free("bool"),
     "video_cfg.video_base_dir": Free("a folder, created when videos are saved"),
@@ -277,6 +285,7 @@ KEY_CHECKS: dict[str, Check] = {
     "runner.seed": SEED,
     "runner.logger.log_path": Free("a folder, created at start"),
     "runner.logger.experiment_name": Free("any text"),
+    "runner.logger.project_name": Free("any text"),
     "runner.logger.logger_backends": Each(Choice(_registry("rlrunner.logger", "LOGGER_BACKENDS"))),
     "algorithm.name": Choice(_registry("rlrunner.objectives", "OBJECTIVES")),
     "algorithm.group_size": Range(low=2, meaning="group-relative advantages need 2 or more samples per prompt"),

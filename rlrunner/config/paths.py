@@ -22,12 +22,15 @@ PATH_KEYS = (
     "env.<split>.dataset.path",
     "env.<split>.reward.token_file",
     "env.<split>.reward.api_key_file",
+    "env.<split>.reward.head_path",
     "env.<split>.video_cfg.video_base_dir",
 )
 # a local folder or a hub id
-MODEL_KEYS = ("actor.model.model_path", "actor.model.<family>.lora_path")
-# file keys of the parts of a multi reward (env.<split>.reward.rewards[i])
-REWARD_PART_PATH_KEYS = ("token_file", "api_key_file")
+MODEL_KEYS = ("actor.model.model_path", "actor.model.<family>.lora_path", "env.<split>.reward.model_path",
+              "env.<split>.reward.processor_path")
+# the same keys of the parts of a multi reward (env.<split>.reward.rewards[i]): local paths, local or hub id
+REWARD_PART_PATH_KEYS = ("token_file", "api_key_file", "head_path")
+REWARD_PART_MODEL_KEYS = ("model_path", "processor_path")
 NOT_A_PATH = ("", "auto")  # unset, and runner.resume_dir's "newest checkpoint of this recipe"
 
 
@@ -57,7 +60,9 @@ def make_paths_absolute(cfg: DictConfig, base_dir: Path) -> None:
 
 
 def _absolute_part(part: Any, base_dir: Path) -> None:
-    for key in REWARD_PART_PATH_KEYS:
+    for key in (*REWARD_PART_PATH_KEYS, *REWARD_PART_MODEL_KEYS):
         value = part.get(key, "")
-        if isinstance(value, str) and value not in NOT_A_PATH:
+        if not isinstance(value, str) or value in NOT_A_PATH:
+            continue
+        if key in REWARD_PART_PATH_KEYS or is_local_path(value, base_dir):
             part[key] = absolute(value, base_dir)

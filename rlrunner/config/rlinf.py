@@ -26,7 +26,6 @@ _MISSING = object()
 IGNORED: dict[str, str] = {
     "hydra": "Hydra's own launcher settings; the defaults list is composed by rlrunner/config/compose.py",
     "runner.task_type": "rlrunner runs diffusion recipes only",
-    "runner.logger.project_name": "names a wandb/swanlab project; tensorboard needs none",
     "runner.ckpt_path": "null in RLinf's recipes; resume with runner.resume_dir",
     "algorithm.kl_penalty": "read only with kl_beta > 0 (refused below)",
     "algorithm.kl_penalty_type": "read only with kl_beta > 0 (refused below)",

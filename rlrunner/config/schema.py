@@ -41,9 +41,11 @@ class ClusterConfig:
 @dataclass
 class LoggerConfig:
     log_path: str = "logs"
-    # the run's identity: runner.resume_dir=auto resumes only a checkpoint of the same experiment ("" = the recipe's
-    # name); the run folder is still named by the recipe file
+    # the run's identity: runner.resume_dir=auto resumes only a checkpoint of the same experiment, and wandb, swanlab
+    # and mlflow name the run after it ("" = the recipe's name); the run folder is still named by the recipe file
     experiment_name: str = ""
+    # the project (wandb, swanlab) or experiment (mlflow) that the run is filed under
+    project_name: str = "rlrunner"
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
 
 
@@ -146,15 +148,18 @@ class AlgorithmConfig:
 @dataclass
 class DatasetConfig:
     type: str = "ocr"  # text prompt files; accepted for compatibility with RLinf recipes, ocr is the only value
-    # a directory with <split>.txt, or a .txt file
+    # a directory with <split>.txt (or .jsonl / .parquet), or a .txt, .jsonl or .parquet file
     path: str = ""
     split: str = "train"
+    # the prompt's key (.jsonl) or column (.parquet); the other keys are per-prompt metadata for the rewards
+    prompt_key: str = "prompt"
 
 
 @dataclass
 class RewardConfig:
     type: str = "single"  # single | multi
-    model: str = "ocr"  # ocr | video_ocr | image_stats | jpeg_compressibility | remote | vlm_ocr
+    # ocr | video_ocr | image_stats | jpeg_compressibility | remote | vlm_ocr | pickscore | clipscore | aesthetic | hpsv2
+    model: str = "ocr"
     key: str = "ocr"  # RLinf's name of the reward's output; accepted for compatibility, not read
     engine: str = "auto"  # auto | rapidocr | paddleocr
     use_gpu: bool = False
@@ -171,6 +176,16 @@ class RewardConfig:
     weight: float = 1.0
     alphabet: str = ""  # keep only these characters of the recognised text before scoring
     rewards: list[Any] = field(default_factory=list)  # parts of a multi reward
+    # type: multi -- weighted_sum (raw scores weighted, then group advantages) | per_reward_normalized (each part
+    # z-scored within its group, weighted, summed, then normalised over the batch: GDPO, Flow-Factory's default)
+    aggregation: str = "weighted_sum"
+    # pickscore, clipscore, aesthetic, hpsv2 (rlrunner/rewards/clip): a local folder or hub id of the scorer's weights
+    # (hpsv2: the HPS_v2.1_compressed.pt file, or the hub id xswu/HPSv2), its tokenizer/processor ("" = model_path),
+    # the aesthetic MLP head (.pth), and the dtype on the env worker's device (bf16 falls back to fp32 on CPU)
+    model_path: str = ""
+    processor_path: str = ""
+    head_path: str = ""
+    precision: str = "fp32"
     # model: remote -- a reward server (python -m rlrunner.serve_reward), e.g. http://127.0.0.1:8000
     url: str = ""
     token_file: str = ""  # file with the server's bearer token ("" = none; the server needs one off loopback)

@@ -17,7 +17,7 @@ from rlrunner.config.errors import RecipeError
 from rlrunner.config.paths import is_local_path
 
 # reward keys that a reward model cannot do without
-REWARD_NEEDS = {"remote": ("url",), "vlm_ocr": ("base_url", "served_model")}
+REWARD_NEEDS = {"remote": ("url",), "vlm_ocr": ("base_url", "served_model"), "aesthetic": ("head_path",)}
 # rewards that score one kind of input only (the others take images [B, H, W, 3] and frames [B, F, H, W, 3])
 IMAGE_ONLY_REWARDS = ("ocr", "vlm_ocr")
 VIDEO_ONLY_REWARDS = ("video_ocr",)
@@ -91,6 +91,15 @@ def _check_resume(cfg: DictConfig) -> None:
           "(e.g. [actor.optim.lr]) that may differ from the checkpoint's recipe")
 
 
+def _check_logger(cfg: DictConfig) -> None:
+    """Each tracker in runner.logger.logger_backends is installed: found here, before any worker starts."""
+    from rlrunner.logger_backends import install_hint, missing
+
+    absent = missing(list(cfg.runner.logger.logger_backends))
+    if absent:
+        _fail(install_hint(absent[0]))
+
+
 def _check_model(cfg: DictConfig, base_dir: Path) -> None:
     model = cfg.actor.model
     if not model.model_path:
@@ -146,18 +155,26 @@ def _check_env(cfg: DictConfig, split: str, base_dir: Path, check_datasets: bool
               f"{group_size}; use e.g. {max(1, env.total_num_envs // group_size) * group_size}")
     if not check_datasets:
         return
+    from rlrunner.data.prompts import FORMATS, load_prompt_set
+
     if not env.dataset.path:
-        _fail(f"env.{split}.dataset.path is empty; set it to a directory with {env.dataset.split}.txt or a .txt file")
+        _fail(f"env.{split}.dataset.path is empty; set it to a directory with {env.dataset.split}.txt or a "
+              f"{' / '.join(FORMATS)} file")
     path = base_dir / Path(env.dataset.path).expanduser()
     if not path.exists():
         _fail(f"env.{split}.dataset.path={env.dataset.path!r} does not exist (relative paths are taken from "
               f"{base_dir})")
-    if path.is_dir() and not (path / f"{env.dataset.split}.txt").is_file():
+    names = [f"{env.dataset.split}{suffix}" for suffix in FORMATS]
+    if path.is_dir() and not any((path / name).is_file() for name in names):
         source = path / "SOURCE.md"
         hint = f"; {source} says where to get it" if source.is_file() else ""
-        _fail(f"env.{split}.dataset.path={env.dataset.path!r} has no {env.dataset.split}.txt "
+        _fail(f"env.{split}.dataset.path={env.dataset.path!r} has no {' / '.join(names)} "
               f"(env.{split}.dataset.split={env.dataset.split!r}); found: "
-              f"{sorted(p.name for p in path.glob('*.txt')) or 'no .txt files'}{hint}")
+              f"{sorted(p.name for p in path.iterdir() if p.suffix in FORMATS) or 'no prompt files'}{hint}")
+    try:  # read here, so a malformed file stops the recipe before any worker starts
+        load_prompt_set(path, env.dataset.split, env.dataset.prompt_key)
+    except (ValueError, TypeError, ImportError) as err:
+        _fail(f"env.{split}.dataset.path={env.dataset.path!r}: {err}")
 
 
 def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, dict[str, Any]]]:
@@ -169,8 +186,7 @@ def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, 
                 _fail(problem)
         for needed in REWARD_NEEDS.get(part["model"], ()):
             if not part.get(needed):
-                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards as a "
-                      f"service)")
+                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards)")
     return parts
 
 
@@ -202,6 +218,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_awm(cfg)
     _check_resume(cfg)
     _check_model(cfg, base_dir)
+    _check_logger(cfg)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)
     train_parts = _check_reward(cfg, "train", ctx)

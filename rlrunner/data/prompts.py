@@ -1,23 +1,136 @@
-"""Prompt datasets (one prompt per line, target text in double quotes) and the seeded prompt sampler."""
+"""Prompt datasets and the seeded prompt sampler.
+
+A dataset is a folder with ``<split>.txt`` / ``<split>.jsonl`` / ``<split>.parquet``, or one such file:
+
+- ``.txt``: one prompt per line (the OCR target in double quotes);
+- ``.jsonl``: one JSON object per line, the prompt under ``prompt_key`` and the rest per-prompt metadata (e.g.
+  GenEval's ``tag``/``include``);
+- ``.parquet``: a table with a ``prompt_key`` column; the other columns are metadata (needs pyarrow).
+
+Metadata reaches the rewards that ask for it (:attr:`rlrunner.rewards.Reward.uses_metadata`) by prompt text.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+FORMATS = (".txt", ".jsonl", ".parquet")
 
-def load_prompts(path: str | Path, split: str) -> list[str]:
-    """Prompts of ``split``: ``<path>/<split>.txt`` when ``path`` is a directory, else the file itself."""
+
+@dataclass
+class PromptSet:
+    """The prompts of one split and, aligned with them, each prompt's metadata (``{}`` for a ``.txt`` file)."""
+
+    prompts: list[str]
+    metadata: list[dict[str, Any]]
+
+    def by_prompt(self) -> dict[str, dict[str, Any]]:
+        """Metadata keyed by prompt text (how it travels to the rewards); ``{}`` when no prompt has any."""
+        return {p: m for p, m in zip(self.prompts, self.metadata) if m}
+
+
+def dataset_file(path: str | Path, split: str) -> Path:
+    """The prompt file of ``split``: ``path`` itself, or in a folder ``<split>.txt|.jsonl|.parquet`` (first found)."""
     path = Path(path).expanduser()
-    file = path / f"{split}.txt" if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"prompt file {file} not found (dataset.path={str(path)!r}, split={split!r})")
-    prompts = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.is_dir():
+        found = [path / f"{split}{suffix}" for suffix in FORMATS if (path / f"{split}{suffix}").is_file()]
+        if not found:
+            raise FileNotFoundError(f"prompt folder {path} has no {' / '.join(split + s for s in FORMATS)} "
+                                    f"(dataset.split={split!r})")
+        return found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} not found (dataset.path={str(path)!r}, split={split!r})")
+    if path.suffix not in FORMATS:
+        raise ValueError(f"prompt file {path} has suffix {path.suffix!r}; dataset.path takes a folder or a "
+                         f"{' / '.join(FORMATS)} file (rename a one-prompt-per-line file to .txt)")
+    return path
+
+
+def load_prompt_set(path: str | Path, split: str, prompt_key: str = "prompt") -> PromptSet:
+    """The prompts and metadata of ``split`` (see the module docstring for the formats)."""
+    file = dataset_file(path, split)
+    read = {".txt": _read_txt, ".jsonl": _read_jsonl, ".parquet": _read_parquet}[file.suffix]
+    prompts, metadata = read(file, prompt_key)
     if not prompts:
         raise ValueError(f"prompt file {file} has no prompts")
-    return prompts
+    _check_same_metadata(file, prompts, metadata)
+    return PromptSet(prompts, metadata)
+
+
+def load_datasets(env_cfg: Any) -> dict[str, PromptSet]:
+    """The ``train`` and ``eval`` prompt sets of the recipe's ``env`` section; the held-out set is the first
+    ``env.eval.total_num_envs`` prompts of its file."""
+    sets = {split: load_prompt_set(env_cfg[split].dataset.path, env_cfg[split].dataset.split,
+                                   env_cfg[split].dataset.prompt_key) for split in ("train", "eval")}
+    held_out, n = sets["eval"], env_cfg.eval.total_num_envs
+    return {"train": sets["train"], "eval": PromptSet(held_out.prompts[:n], held_out.metadata[:n])}
+
+
+def load_prompts(path: str | Path, split: str, prompt_key: str = "prompt") -> list[str]:
+    return load_prompt_set(path, split, prompt_key).prompts
+
+
+def _read_txt(file: Path, prompt_key: str) -> tuple[list[str], list[dict[str, Any]]]:
+    prompts = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return prompts, [{} for _ in prompts]
+
+
+def _record_prompt(record: dict[str, Any], where: str, prompt_key: str) -> tuple[str, dict[str, Any]]:
+    if prompt_key not in record:
+        raise ValueError(f"{where}: no {prompt_key!r} key (keys: {sorted(record)}); set env.<split>.dataset.prompt_key "
+                         f"to the key that holds the prompt")
+    prompt = record[prompt_key]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: {prompt_key!r} is {prompt!r}, not a non-empty text")
+    return prompt.strip(), {k: v for k, v in record.items() if k != prompt_key}
+
+
+def _read_jsonl(file: Path, prompt_key: str) -> tuple[list[str], list[dict[str, Any]]]:
+    prompts, metadata = [], []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file}:{number}: not valid JSON ({err.msg} at column {err.colno}); each line of a "
+                             f".jsonl prompt file is one object such as {{\"{prompt_key}\": \"...\"}}") from None
+        if not isinstance(record, dict):
+            raise TypeError(f"{file}:{number}: a JSON {type(record).__name__}, not an object with a {prompt_key!r} "
+                            f"key")
+        prompt, meta = _record_prompt(record, f"{file}:{number}", prompt_key)
+        prompts.append(prompt)
+        metadata.append(meta)
+    return prompts, metadata
+
+
+def _read_parquet(file: Path, prompt_key: str) -> tuple[list[str], list[dict[str, Any]]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ImportError(f"prompt file {file} is parquet, which needs pyarrow; pip install pyarrow (or pip install "
+                          f"-r requirements/loggers.txt)") from err
+    table = pq.read_table(file)
+    if prompt_key not in table.column_names:
+        raise ValueError(f"{file}: no {prompt_key!r} column (columns: {table.column_names}); set "
+                         f"env.<split>.dataset.prompt_key to the column that holds the prompt")
+    pairs = [_record_prompt(row, f"{file}: row {i}", prompt_key) for i, row in enumerate(table.to_pylist())]
+    return [p for p, _ in pairs], [m for _, m in pairs]
+
+
+def _check_same_metadata(file: Path, prompts: list[str], metadata: list[dict[str, Any]]) -> None:
+    """Metadata travels by prompt text, so one text cannot carry two different records."""
+    seen: dict[str, int] = {}
+    for i, (prompt, meta) in enumerate(zip(prompts, metadata)):
+        first = seen.setdefault(prompt, i)
+        if metadata[first] != meta:
+            raise ValueError(f"{file}: prompt {prompt!r} appears twice (entries {first + 1} and {i + 1}) with "
+                             f"different metadata; rewards receive metadata by prompt text, so merge or reword them")
 
 
 class PromptSampler:

@@ -6,14 +6,15 @@
     with AsyncRewardScorer(reward, num_workers=cfg.env.train.reward.num_workers) as scorer:
         future = scorer.submit(images, prompts)
 
-Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility``, and the HTTP clients ``remote``
+Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility``, the CLIP family ``pickscore``,
+``clipscore``, ``aesthetic``, ``hpsv2`` (``rewards/clip``), and the HTTP clients ``remote``
 (a reward server, ``python -m rlrunner.serve_reward``) and ``vlm_ocr`` (``reward.model``); types ``single`` and ``multi``
 (``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``).
 """
 
-from . import image_stats, multi, ocr, remote, video_ocr, vlm_ocr  # noqa: F401  (modules register themselves)
+from . import clip, image_stats, multi, ocr, remote, video_ocr, vlm_ocr  # noqa: F401  (modules register themselves)
 from .engines import ENGINES, OcrEngine, build_engine, installed_engines, register_engine
-from .image_stats import ImageStatsReward, JpegCompressibilityReward, PixelReward
+from .image_stats import FrameReward, ImageStatsReward, JpegCompressibilityReward, PixelReward
 from .multi import MultiReward
 from .ocr import OcrReward, extract_target, ocr_score
 from .output import RewardOutput
@@ -28,6 +29,7 @@ __all__ = [
     "REWARDS",
     "REWARD_TYPES",
     "AsyncRewardScorer",
+    "FrameReward",
     "ImageStatsReward",
     "JpegCompressibilityReward",
     "MultiReward",

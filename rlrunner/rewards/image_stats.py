@@ -55,8 +55,8 @@ def flat_fraction(image: np.ndarray, patch: int = 8, flat_std: float = 3.0, max_
     return float((patches.std(axis=(1, 3)) < flat_std).mean())
 
 
-class PixelReward(Reward):
-    """A reward computed from each image's pixels alone: subclasses implement :meth:`score`.
+class FrameReward(Reward):
+    """A reward that scores every image (every video frame) on its own: subclasses implement :meth:`score_batch`.
 
     Accepts images ``[B, H, W, 3]`` (``avg`` ``[B]``) or frames ``[B, F, H, W, 3]`` (``avg`` ``[B, K]``, chunked
     like ``video_ocr`` with ``frame_interval``). ``parts[name]`` is ``[B]`` (mean over chunks for video).
@@ -64,16 +64,17 @@ class PixelReward(Reward):
     """
 
     @abstractmethod
-    def score(self, image: np.ndarray) -> float:
-        """Score one uint8 image ``[H, W, 3]``."""
+    def score_batch(self, images: np.ndarray, prompts: list[str], reasons: list[str | None]) -> np.ndarray:
+        """Scores float32 ``[N]`` of uint8 ``images`` ``[N, H, W, 3]`` (video frames flattened) with each one's
+        prompt; an image with a reason (not None) must score 0."""
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> RewardOutput:
         images = np.asarray(images)
         video = images.ndim == 5
         frames = images.shape[1] if video else 1
         flat, reasons = as_uint8(images, frame_axes=int(video))
-        check_prompts(prompts, flat.shape[0] // frames)
-        scores = np.array([0.0 if r else self.score(im) for im, r in zip(flat, reasons)], dtype=np.float32)
+        prompts = check_prompts(prompts, flat.shape[0] // frames)
+        scores = self.score_batch(flat, [p for p in prompts for _ in range(frames)], reasons)
         for r in reasons:
             if r is not None:
                 self.warn_once(reason_key(r), r)
@@ -90,6 +91,17 @@ class PixelReward(Reward):
             extra["frame_scores"] = scores
         return RewardOutput(avg=avg, parts={self.name: part}, errors=int(mask.sum()), extra=extra,
                             failure=all_failed(reasons))
+
+
+class PixelReward(FrameReward):
+    """A reward computed from each image's pixels alone: subclasses implement :meth:`score`."""
+
+    @abstractmethod
+    def score(self, image: np.ndarray) -> float:
+        """Score one uint8 image ``[H, W, 3]``."""
+
+    def score_batch(self, images: np.ndarray, prompts: list[str], reasons: list[str | None]) -> np.ndarray:
+        return np.array([0.0 if r else self.score(im) for im, r in zip(images, reasons)], dtype=np.float32)
 
 
 @register_reward("image_stats")

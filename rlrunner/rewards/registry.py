@@ -99,6 +99,9 @@ class Reward(ABC):
 
     #: Registered name; also the key of this reward's entry in ``RewardOutput.parts``.
     name: str = ""
+    #: True: ``__call__`` also takes ``metadata``, one dict per sample (the prompt's record of a .jsonl or .parquet
+    #: dataset, ``{}`` when it has none); see :func:`score`.
+    uses_metadata: bool = False
 
     def __init__(self, spec: RewardConfig) -> None:
         self.spec = spec  # the recipe's reward sub-config, read by the subclasses
@@ -113,6 +116,12 @@ class Reward(ABC):
             images: uint8 (or float in [0, 1]) ``[B, H, W, 3]`` images, or ``[B, F, H, W, 3]`` frames for video.
             prompts: ``B`` prompts.
         """
+
+    @classmethod
+    def device_memory(cls, spec: RewardConfig) -> list[tuple[str, int, str]]:
+        """``(name, bytes, detail)`` of each model this reward would hold on the env worker's device, from config
+        files alone (``python -m rlrunner.plan``); bytes < 0 means not counted (``detail`` says why)."""
+        return []
 
     def warn_once(self, reason: str, detail: str) -> None:
         """Log a scoring problem the first time this reward meets ``reason``."""
@@ -135,6 +144,14 @@ class Reward(ABC):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._log_lock = threading.Lock()
+
+
+def score(reward: Reward, images: np.ndarray, prompts: list[str],
+          metadata: list[dict[str, Any]] | None = None) -> RewardOutput:
+    """``reward(images, prompts)``, with ``metadata`` (``{}`` per sample when None) for a reward that asks for it."""
+    if not reward.uses_metadata:
+        return reward(images, prompts)
+    return reward(images, prompts, metadata=metadata or [{} for _ in prompts])
 
 
 class RewardUnavailable(RuntimeError):

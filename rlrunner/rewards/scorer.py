@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .output import RewardOutput
-from .registry import Reward
+from .registry import Reward, score
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -45,20 +45,22 @@ class AsyncRewardScorer:
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="reward")
         self._closed = False
 
-    def submit(self, images: np.ndarray, prompts: list[str]) -> Future[RewardOutput]:
-        """Queue one batch (images ``[B, ...]``, ``B`` prompts) as one task; returns its future at once."""
+    def submit(self, images: np.ndarray, prompts: list[str],
+               metadata: list[dict[str, Any]] | None = None) -> Future[RewardOutput]:
+        """Queue one batch (images ``[B, ...]``, ``B`` prompts, optional ``B`` metadata dicts for a reward that
+        uses them) as one task; returns its future at once."""
         if self._closed:
             raise RuntimeError("AsyncRewardScorer is closed")
         images = np.array(images, copy=True)
         prompts = list(prompts)
         if len(prompts) != len(images):
             raise ValueError(f"Got {len(images)} images but {len(prompts)} prompts")
-        return self._pool.submit(self.reward, images, prompts)
+        return self._pool.submit(score, self.reward, images, prompts, metadata)
 
-    def submit_all(self, batches: list[tuple[np.ndarray, list[str]]]) -> Future[RewardOutput]:
-        """Queue each ``(images, prompts)`` slice as its own task (they run in parallel on the threads); returns one
-        future of their outputs joined in order."""
-        return _gather([self.submit(images, prompts) for images, prompts in batches])
+    def submit_all(self, batches: list[tuple]) -> Future[RewardOutput]:
+        """Queue each ``(images, prompts[, metadata])`` slice as its own task (they run in parallel on the threads);
+        returns one future of their outputs joined in order."""
+        return _gather([self.submit(*batch) for batch in batches])
 
     def close(self, wait: bool = True) -> None:
         """Stop accepting work; with ``wait``, block until submitted batches are done."""

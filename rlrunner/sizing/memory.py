@@ -8,7 +8,8 @@ The layout is the one the workers keep (after issue 14's data plane):
   (``exp_avg`` and ``exp_avg_sq``, fp32), and one micro-batch of inputs; no text encoders, no VAE.
 * **rollout** (one worker per rollout device): a full denoiser replica with both adapters, the text encoders,
   the VAE (fp32), and the tensors of one ``generate`` call (noise, x0, conditioning per sample).
-* **env**: the reward's OCR engine, not counted (PaddleOCR on a GPU holds a few hundred MB).
+* **env**: the reward models (``Reward.device_memory``: the CLIP-family scorers' weights in ``reward.precision``);
+  the OCR engine is not counted (PaddleOCR on a GPU holds a few hundred MB).
 
 Activation memory is a formula (see :func:`activation_bytes`), not a measurement.
 """
@@ -32,6 +33,8 @@ DENOISER_NAMES = ("transformer", "unet")
 VAE_NAME = "vae"
 #: AdamW keeps two fp32 tensors per trainable parameter (exp_avg, exp_avg_sq)
 ADAMW_STATES = 2
+#: rewards whose OCR engine the plan does not size
+OCR_REWARDS = ("ocr", "video_ocr")
 FP32 = torch.float32
 #: elements kept per token and hidden unit by one transformer block for backward (Korthikanti et al. 2022,
 #: "Reducing Activation Recomputation in Large Transformer Models": 34 s b h bytes in 16-bit = 17 elements,
@@ -284,9 +287,22 @@ def rollout_plan(sizes: ModelSizes, geometry: StepGeometry, family_cfg: Any) -> 
     return plan
 
 
-def env_plan() -> ComponentPlan:
-    return ComponentPlan([Part("env", "OCR engine", 0, "not counted (PaddleOCR on a GPU: a few hundred MB)",
-                               counted=False)])
+def env_plan(env_cfg: Any) -> ComponentPlan:
+    """The reward models of both splits on an env device (``Reward.device_memory``; a model that the train and eval
+    rewards share is held, and counted, once)."""
+    from rlrunner.rewards import REWARDS, reward_config
+    from rlrunner.rewards.registry import part_config
+
+    parts: dict[tuple[str, str], Part] = {}
+    for split in ("train", "eval"):
+        cfg = reward_config(env_cfg[split].reward)
+        for spec in [part_config(cfg, p) for p in cfg.rewards] if cfg.type == "multi" else [cfg]:
+            if spec.model in OCR_REWARDS:
+                parts[("OCR engine", "")] = Part("env", "OCR engine", 0, "not counted (PaddleOCR on a GPU: a few "
+                                                 "hundred MB)", counted=False)
+            for name, size, detail in getattr(REWARDS.get(spec.model), "device_memory", lambda _: [])(spec):
+                parts[(name, detail)] = Part("env", name, max(size, 0), detail, counted=size >= 0)
+    return ComponentPlan(list(parts.values()))
 
 
 def host_buffer_parts(sizes: ModelSizes, geometry: StepGeometry) -> list[Part]:

@@ -71,3 +71,38 @@ def test_errors():
     with pytest.raises(ValueError, match="'ppo'.*grpo_video"):
         get_advantage_estimator("ppo")
     assert get_advantage_estimator("grpo_video") is video_group_advantages
+
+
+# ------------------------------------------------------------------------- several rewards (GDPO-style)
+
+
+def test_per_reward_normalized_hand_computed():
+    from rlrunner.algorithms.advantages import per_reward_normalized_advantages
+
+    # groups of 2; reward 1 is constant in group 2 (z = 0 there, never NaN)
+    parts = torch.tensor([[1.0, 10.0], [3.0, 0.0], [5.0, 2.0], [5.0, 4.0]])
+    # z1 = [-1, 1, 0, 0], z2 = [1, -1, -1, 1]; s = z1 + 2 z2 = [1, -1, -2, 2]: mean 0, population std sqrt(2.5)
+    adv = per_reward_normalized_advantages(parts, torch.tensor([1.0, 2.0]), 2, eps=0.0)
+    close(adv, [v / 2.5**0.5 for v in (1.0, -1.0, -2.0, 2.0)])
+    # the raw weighted sum ranks group 2 the other way round for nothing: r1 + 2 r2 = [21, 3, 9, 13]
+    close(group_advantages(parts @ torch.tensor([1.0, 2.0]), 2, eps=0.0), [1.0, -1.0, -1.0, 1.0])
+
+
+def test_per_reward_normalized_zero_std_and_row_weights():
+    from rlrunner.algorithms.advantages import per_reward_normalized_advantages
+
+    constant = torch.tensor([[1.0, 7.0], [1.0, 7.0], [2.0, 7.0], [2.0, 7.0]])
+    close(per_reward_normalized_advantages(constant, torch.tensor([1.0, 1.0]), 2), [0.0] * 4)
+    parts = torch.tensor([[1.0, 10.0], [3.0, 0.0], [5.0, 2.0], [5.0, 4.0]])
+    # reward 2 dropped for the second group's rows: s = [-1 + 1, 1 - 1, 0, 0] -> all 0
+    rows = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    close(per_reward_normalized_advantages(parts, rows, 2), [0.0] * 4)
+
+
+def test_per_reward_normalized_video_chunks():
+    from rlrunner.algorithms.advantages import per_reward_normalized_advantages
+
+    chunks = torch.tensor([[[0.0, 1.0]], [[2.0, 3.0]]])  # [N=2, P=1, K=2], one group
+    # video mode: the group's 4 chunk rewards jointly: z = (x − 1.5) / sqrt(1.25); the batch normalisation keeps it
+    expected = [[(v - 1.5) / 1.25**0.5 for v in row] for row in ([0.0, 1.0], [2.0, 3.0])]
+    close(per_reward_normalized_advantages(chunks, torch.tensor([3.0]), 2, eps=0.0), expected)

@@ -35,7 +35,7 @@ def test_recipe_error_lives_in_its_own_module():
      "env.train.reward.ocr_version='PP-OCRv3' is not valid (did you mean 'PP-OCRv5'?); choose one of ['PP-OCRv4', 'PP-OCRv5']"),
     ("actor.model.tiny.train_sampler=dpm3", "actor.model.tiny.train_sampler='dpm3' is not valid"),
     ("algorithm.nft_weight_mode=adaptiv", "(did you mean 'adaptive'?)"),
-    ("runner.logger.logger_backends=[wandb]", "runner.logger.logger_backends=['wandb'] has item 'wandb' that is not"),
+    ("runner.logger.logger_backends=[wandbb]", "has item 'wandbb' that is not valid (did you mean 'wandb'?)"),
     # numeric ranges that would divide by zero, loop forever or diverge
     ("runner.weight_sync_interval=0", "runner.weight_sync_interval=0 must be a number >= 1"),
     ("actor.optim.adam_beta2=1.0", "actor.optim.adam_beta2=1.0 must be a number >= 0 and < 1"),
@@ -47,6 +47,9 @@ def test_recipe_error_lives_in_its_own_module():
     ("actor.model.tiny.lora_alpha=0", "actor.model.tiny.lora_alpha=0 must be a number > 0"),
     ("env.eval.reward.timeout_s=0", "env.eval.reward.timeout_s=0.0 must be a number > 0"),
     ("env.train.reward.batch_size=0", "env.train.reward.batch_size=0 must be a number >= 1"),
+    # an image recipe never chunks frames, so only this key check stops a frame_interval of 0 (train and held-out)
+    ("env.eval.reward.frame_interval=0", "env.eval.reward.frame_interval=0 must be a number >= 1 (frames per chunk"),
+    ("env.train.reward.frame_interval=0", "env.train.reward.frame_interval=0 must be a number >= 1"),
     ("runner.seed=-1", "runner.seed=-1 must be a number >= 0 and <= 4.29497e+09"),
     ("algorithm.nft_clip_ratio=0", "algorithm.nft_clip_ratio=0.0 must be a number > 0 or null"),
     # paths that must exist
@@ -100,3 +103,26 @@ def test_multi_reward_parts_are_checked_like_rewards(recipe_dir):
     write_recipe(recipe_dir, "bad_key", multi([{"model": "ocr", "engin": "rapidocr"}]))
     with pytest.raises(RecipeError, match=r"rewards\[0\].engin is not a reward key \(did you mean 'engine'\?\)"):
         load(recipe_dir, name="bad_key")
+
+
+def test_a_logger_backend_that_is_not_installed_stops_the_recipe_with_its_install_line(recipe_dir, monkeypatch):
+    from rlrunner import logger_backends
+
+    monkeypatch.setitem(logger_backends.PACKAGES, "swanlab", ("swanlab_not_installed_here", "swanlab"))
+    with pytest.raises(RecipeError) as err:
+        load(recipe_dir, "runner.logger.logger_backends=[tensorboard,swanlab]")
+    assert str(err.value) == ("runner.logger.logger_backends has 'swanlab' but swanlab is not installed; pip install "
+                              "swanlab (or pip install -r requirements/loggers.txt), or drop 'swanlab' from the list")
+
+
+def test_prompt_files_are_read_when_the_recipe_is_checked(recipe_dir, tmp_path: Path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a sign that says \\"ab\\""}\n{"prompt": "b"\n')
+    with pytest.raises(RecipeError) as err:
+        load(recipe_dir, f"env.eval.dataset.path={bad}")
+    assert str(err.value).startswith(f"env.eval.dataset.path={str(bad)!r}: {bad}:2: not valid JSON")
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "a sign that says \\"ab\\"", "tag": "ocr"}\n')
+    with pytest.raises(RecipeError, match=r"good.jsonl:1: no 'prompt' key \(keys: \['tag', 'text'\]\)"):
+        load(recipe_dir, f"env.train.dataset.path={good}")
+    assert load(recipe_dir, f"env.train.dataset.path={good}", "env.train.dataset.prompt_key=text")

@@ -217,7 +217,8 @@ def test_multi_config_errors(fake_engine) -> None:
 
 
 def test_unknown_names_list_the_valid_ones() -> None:
-    valid = r"\['image_stats', 'jpeg_compressibility', 'ocr', 'remote', 'video_ocr', 'vlm_ocr'\]"
+    valid = (r"\['aesthetic', 'clipscore', 'hpsv2', 'image_stats', 'jpeg_compressibility', 'ocr', 'pickscore', "
+             r"'remote', 'video_ocr', 'vlm_ocr'\]")
     with pytest.raises(ValueError, match=f"valid names: {valid}"):
         build_reward({"model": "ocrr"})
     with pytest.raises(ValueError, match=r"valid types: \['multi', 'single'\]"):

@@ -1,0 +1,108 @@
+"""Each logger backend runs offline into the run folder, and what RunLogger wrote is read back from its files."""
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlrunner import logger_backends
+from rlrunner.config.schema import LoggerConfig
+from rlrunner.logger import RunLogger
+
+IMAGES = np.full((2, 8, 8, 3), 200, np.uint8)
+PROMPTS = ['a sign that says "ab"', 'a sign that says "cd"']
+
+
+def _log_a_run(log_dir: Path, backend: str) -> None:
+    cfg = LoggerConfig(logger_backends=[backend], project_name="proj", experiment_name="exp")
+    run_logger = RunLogger(log_dir, cfg, config={"actor": {"lr": 0.001}})
+    run_logger.scalars({"train/loss": 0.5}, step=3)
+    run_logger.scalars({"train/loss": 0.25}, step=4)
+    run_logger.samples("samples/train", IMAGES, PROMPTS, np.array([0.1, 0.9]), step=4)
+    run_logger.close()
+
+
+def _leveldb_records(path: Path, header: int = 7, block: int = 32768):
+    """The records of a LevelDB-log file (wandb's .wandb run file): 32 KiB blocks of [crc32, length, type] chunks
+    after a 7-byte file header; type 1 = a whole record, 2/3/4 = its first/middle/last piece."""
+    raw, pos, record = path.read_bytes(), header, b""
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if kind == 0:  # the zero padding at a block's end
+            pos += left
+            continue
+        record += raw[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            yield record
+            record = b""
+
+
+def test_wandb_offline_writes_its_run_into_the_log_folder(tmp_path: Path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -r requirements/loggers.txt)")
+    from wandb.proto import wandb_internal_pb2
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _log_a_run(tmp_path, "wandb")
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    history, run = [], None
+    for data in _leveldb_records(run_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.HasField("run"):
+            run = record.run
+        if record.HasField("history"):
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item})
+    assert (run.project, run.display_name) == ("proj", "exp")
+    assert [(h["_step"], h["train/loss"]) for h in history if "train/loss" in h] == [(3, 0.5), (4, 0.25)]
+    assert [(h["_step"], h["samples/train/_type"]) for h in history if "samples/train/_type" in h] == [(4, "image-file")]
+    assert len(list(run_file.parent.glob("files/media/images/samples/train_4_*.png"))) == 1
+
+
+def test_swanlab_offline_writes_its_run_into_the_log_folder(tmp_path: Path, monkeypatch):
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install -r requirements/loggers.txt)")
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    _log_a_run(tmp_path, "swanlab")
+    (run_file,) = tmp_path.glob("swanlog/run-*/run-*.swanlab")
+    reader = DataStoreReader()
+    reader.open(run_file)
+    records = []
+    for data in reader:
+        record = Record()
+        record.ParseFromString(data)
+        records.append(record)
+    start = next(r.start for r in records if r.HasField("start"))
+    assert (start.project, start.name) == ("proj", "exp")
+    scalars = [(r.scalar.step, r.scalar.value.number) for r in records if r.HasField("scalar")
+               and r.scalar.key == "train/loss"]
+    assert scalars == [(3, 0.5), (4, 0.25)]
+    assert [(r.media.key, r.media.step) for r in records if r.HasField("media")] == [("samples/train", 4)]
+
+
+def test_mlflow_writes_a_file_store_into_the_log_folder(tmp_path: Path, monkeypatch):
+    pytest.importorskip("mlflow", reason="mlflow-skinny is not installed (pip install -r requirements/loggers.txt)")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _log_a_run(tmp_path, "mlflow")
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    assert run.info.run_name == "exp" and run.data.params["actor.lr"] == "0.001"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")] == [(3, 0.5),
+                                                                                                     (4, 0.25)]
+    assert len(list(Path(run.info.artifact_uri.removeprefix("file://")).glob("images/samples~train*.png"))) == 1
+
+
+def test_a_backend_that_is_not_installed_raises_its_install_line(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(logger_backends.PACKAGES, "wandb", ("wandb_not_installed_here", "wandb"))
+    assert logger_backends.missing(["tensorboard", "wandb", "mlflow"]) == ["wandb"]
+    with pytest.raises(ImportError, match=r"has 'wandb' but wandb is not installed; pip install wandb \(or pip"):
+        RunLogger(tmp_path, LoggerConfig(logger_backends=["wandb"]))
