@@ -38,7 +38,7 @@ from rlrunner.sample_order import TrainPlan
 from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
-from rlrunner.workers.env import SPLITS, EnvWorker
+from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker, shard_parts
 
 logger = logging.getLogger("rlrunner")
@@ -66,8 +66,7 @@ class Runner:
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
                                      algorithm_cfg=alg)
-        rewards = OmegaConf.create({s: {"reward": env[s].reward} for s in SPLITS})  # no log folder path (video_cfg)
-        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], rewards)
+        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env))
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
         self.env.call("set_prompt_metadata", {split: data.by_prompt() for split, data in datasets.items()})
