@@ -78,8 +78,8 @@ def main() -> None:
     received, sent = collections.Counter(), collections.Counter()
     real_gather, real_submit = ray_backend.gather, ray_backend.RayWorkerGroup._submit
 
-    def gather(role, ips, method, refs, timeout_s):
-        results = real_gather(role, ips, method, refs, timeout_s)
+    def gather(role, ips, method, refs, timeout_s, **kwargs):
+        results = real_gather(role, ips, method, refs, timeout_s, **kwargs)
         received[f"{role}.{method}"] += nbytes(results)
         return results
 

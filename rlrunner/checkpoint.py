@@ -10,14 +10,18 @@ Layout of ``<log_dir>/checkpoints/global_step_N/``::
     adapter/                      the trained adapter in diffusers' LoRA format (pipe.load_lora_weights)
     adapter_ema/                  the EMA adapter, same format
 
-Everything is written to ``global_step_N.tmp`` and renamed when complete, so a crash mid-write leaves the
-previous checkpoint as the newest valid one. A run saved with n actor ranks resumes with any number of ranks.
+Everything is written to ``global_step_N.tmp`` (by the driver alone: workers return tensors and state) and renamed
+when complete, so a crash mid-write leaves the previous checkpoint as the newest valid one. Re-saving a step (the
+last one after resuming from it) sets the old ``global_step_N`` aside as ``global_step_N.old`` before renaming the
+new one in, and deletes it after; a crash in between leaves the ``.old`` copy, which counts as step N until a
+save replaces it. A run saved with n actor ranks resumes with any number of ranks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -35,6 +39,10 @@ MANIFEST = "manifest.json"
 # 2: one rank-independent actor state, optimizer state keyed by parameter name (1: per-rank, keyed by index)
 FORMAT_VERSION = 2
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+ASIDE = ".old"  # suffix of a checkpoint set aside while a re-save of its step is renamed in
+_CHECKPOINT_DIR = re.compile(rf"^global_step_(\d+)(?:{re.escape(ASIDE)})?$")
+# adapter name -> its folder in a checkpoint, diffusers' LoRA format (written by the driver from the actor's state)
+ADAPTER_DIRS = {"default": "adapter", "ema": "adapter_ema"}
 
 
 class CheckpointError(ValueError):
@@ -63,22 +71,57 @@ def save_checkpoint(root: Path, step: int, *, runner_state: dict[str, Any], acto
     write_adapters(tmp)
     manifest = {"format_version": FORMAT_VERSION, "global_step": step, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "actor_world_size": actor_states[0].get("world_size", 1), **model_info}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    if final.exists():  # a re-save of the same step (e.g. after resuming from it) replaces it
-        shutil.rmtree(final)
+    _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2))
+    aside = final.with_name(final.name + ASIDE)
+    if final.exists():  # a re-save of the same step (e.g. after resuming from it): keep the old until the new is in
+        shutil.rmtree(aside, ignore_errors=True)
+        final.rename(aside)
     tmp.rename(final)
+    _sync_dir(root)
+    shutil.rmtree(aside, ignore_errors=True)
     if keep_last_n > 0:
         for old in complete_checkpoints(root)[:-keep_last_n]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _write_synced(path: Path, text: str) -> None:
+    """Write ``path`` and flush it to disk: the manifest marks a checkpoint complete, so it must outlive a crash."""
+    with open(path, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _sync_dir(path: Path) -> None:
+    """Flush ``path``'s entries (the renames in it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_adapters(directory: Path, adapters: dict[str, dict[str, torch.Tensor]], model_cfg: Any) -> None:
+    """Both adapters' tensors (the actor's ``state_dict()["adapters"]``) in diffusers' LoRA format, as the model's
+    ``save_lora`` writes them, without a model: the driver writes them (``model_cfg``: the recipe's actor.model)."""
+    from rlrunner.models import model_class  # the model families' modules load only when a checkpoint is written
+
+    family = model_class(model_cfg.model_type)
+    for name, folder in ADAPTER_DIRS.items():
+        family.write_lora_files(str(directory / folder), adapters[name], model_cfg[model_cfg.model_type])
+
+
 def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root`` (one run's ``checkpoints/``), oldest first."""
+    """Complete checkpoints under ``root`` (one run's ``checkpoints/``), oldest first, one per step: its
+    ``global_step_N``, or the ``global_step_N.old`` that a crash during a re-save of step N left instead."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / MANIFEST).is_file()]
-    return [p for _, p in sorted(found)]
+    found: dict[int, Path] = {}
+    for path in sorted(root.iterdir(), key=lambda p: p.name.endswith(ASIDE)):  # global_step_N before its .old
+        if (m := _CHECKPOINT_DIR.match(path.name)) and (path / MANIFEST).is_file():
+            found.setdefault(int(m.group(1)), path)
+    return [found[step] for step in sorted(found)]
 
 
 # keys a resumed run may change freely: its length, logging, evaluation, checkpointing, resume and placement (the
@@ -153,15 +196,28 @@ def resolve_resume_dir(resume_dir: str, log_root: Path, experiment: str) -> Path
                                   f"under {log_root}/*/checkpoints")
         return latest
     path = Path(resume_dir).expanduser()
+    aside = path.with_name(path.name + ASIDE)
+    if not path.exists() and STEP_DIR.match(path.name) and (aside / MANIFEST).is_file():
+        logger.warning("%s is missing: a re-save of its step was interrupted; resuming from the copy set aside, %s",
+                       path, aside)
+        return aside
     if not path.exists():
         raise CheckpointError(f"runner.resume_dir={resume_dir!r} does not exist")
-    if STEP_DIR.match(path.name) or path.name.endswith(".tmp"):
+    if _CHECKPOINT_DIR.match(path.name) or path.name.endswith(".tmp"):
         return path
     ckpts = complete_checkpoints(path / "checkpoints") or complete_checkpoints(path)
     if not ckpts:
         raise CheckpointError(f"runner.resume_dir={resume_dir!r} holds no complete checkpoint (global_step_N with "
                               f"{MANIFEST})")
     return ckpts[-1]
+
+
+def _same_setting(key: str, saved: Any, expected: Any) -> bool:
+    """Whether a manifest's ``key`` matches the resuming recipe's; a relative ``model_path`` (checkpoints written
+    before recipe paths were made absolute) is taken from the working directory, as its run took it."""
+    if key == "model_path" and isinstance(saved, str) and saved and not os.path.isabs(saved):
+        return saved == expected or os.path.normpath(os.path.join(os.getcwd(), saved)) == expected
+    return saved == expected
 
 
 def resume_point(resume_dir: str, log_root: Path, recipe: dict[str, Any]) -> Path | None:
@@ -194,7 +250,7 @@ def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: in
         raise CheckpointError(f"checkpoint {path} has format_version {manifest.get('format_version')}, this rlrunner "
                               f"reads {FORMAT_VERSION}; resume it with the rlrunner version that wrote it")
     for key, expected in model_info.items():
-        if manifest.get(key) != expected:
+        if not _same_setting(key, manifest.get(key), expected):
             raise CheckpointError(f"checkpoint {path} was made with {key}={manifest.get(key)!r}, this recipe has "
                                   f"{key}={expected!r}; resume with the same model and LoRA settings")
     missing = [name for name in ("runner.pt", "actor/rank_0.pt") if not (path / name).is_file()]

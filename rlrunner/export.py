@@ -19,10 +19,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlrunner.checkpoint import MANIFEST, CheckpointError, resolve_resume_dir
+from rlrunner.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError, resolve_resume_dir
 from rlrunner.models import model_class
 
-ADAPTER_DIRS = {"default": "adapter", "ema": "adapter_ema"}
 ALGORITHM_TITLES = {"nft": "DiffusionNFT", "flow_grpo": "FlowGRPO", "awm": "AWM, Advantage Weighted Matching"}
 # families without a diffusers pipeline of their own (the tiny model saves its LoRA in diffusers' format only)
 RLRUNNER_ONLY_FAMILIES = ("tiny",)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import load_checkpoint, resume_point, save_checkpoint
+from rlrunner.checkpoint import load_checkpoint, resume_point, save_checkpoint, write_adapters
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
@@ -38,7 +38,7 @@ from rlrunner.sample_order import TrainPlan
 from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
-from rlrunner.workers.env import EnvWorker
+from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker, shard_parts
 
 logger = logging.getLogger("rlrunner")
@@ -66,7 +66,7 @@ class Runner:
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
                                      algorithm_cfg=alg)
-        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], env)
+        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env))
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
         self.env.call("set_prompt_metadata", {split: data.by_prompt() for split, data in datasets.items()})
@@ -318,12 +318,11 @@ class Runner:
                  # a rollout started ahead is replayed on resume: its prompts and the adapters that sampled it
                  "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
+        actor_state = self.turns.actor_call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
         path = save_checkpoint(
-            root, self.step, runner_state=state, actor_states=self.turns.actor_call("state_dict")[:1],  # rank-independent
-            config_yaml=to_yaml(self.cfg), model_info=self.model_info,
-            write_adapters=lambda d: self.turns.actor_call("save_adapters", str(d)),
-            keep_last_n=self.cfg.runner.keep_last_n,
-        )
+            root, self.step, runner_state=state, actor_states=[actor_state], config_yaml=to_yaml(self.cfg),
+            model_info=self.model_info, keep_last_n=self.cfg.runner.keep_last_n,
+            write_adapters=lambda d: write_adapters(d, actor_state["adapters"], self.cfg.actor.model))
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
         return path
 

@@ -4,7 +4,8 @@
 ``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself, once the recipe is valid. Either way the run copies its console
 to ``console.log`` from inside (the terminal keeps the progress bar, the log gets plain lines). User errors print
 one line and exit with status 2; a worker that raised, died or hung ends the run with status 1 and a last line
-naming its component and rank.
+naming its component and rank (a node that lacks rlrunner or a recipe folder is a user error: status 2, one line
+naming the node and the fix).
 """
 
 from __future__ import annotations
@@ -101,13 +102,13 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg: DictConfig, log_dir: Path) -> int:
     """Run the recipe; user errors and failed workers end in one line and an exit status."""
     from rlrunner.checkpoint import CheckpointError
-    from rlrunner.cluster import PlacementError, WorkerError
+    from rlrunner.cluster import NodeSetupError, PlacementError, WorkerError
     from rlrunner.rewards import RewardUnavailable
     from rlrunner.runner import run
 
     try:
         run(cfg, log_dir)
-    except (RecipeError, CheckpointError, PlacementError) as err:
+    except (RecipeError, CheckpointError, PlacementError, NodeSetupError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except RewardUnavailable as err:  # no sample could be scored for runner.max_reward_error_steps steps

@@ -97,8 +97,8 @@ def test_with_ray_the_driver_holds_only_logged_samples_and_the_actor_no_pixels(t
     fetched, sent = [], []  # what the driver receives from workers, and the tensors it sends them
     real_gather, real_submit = ray_backend.gather, ray_backend.RayWorkerGroup._submit
 
-    def gather(role, ips, method, refs, timeout_s):
-        results = real_gather(role, ips, method, refs, timeout_s)
+    def gather(role, ips, method, refs, timeout_s, **kwargs):
+        results = real_gather(role, ips, method, refs, timeout_s, **kwargs)
         fetched.append((role, method, results))
         return results
 

@@ -69,5 +69,5 @@ def test_a_gathering_call_on_an_offloaded_actor_brings_it_back_for_that_call_onl
         assert moves == [False, True] and actor.offloaded, method
     actor.onload()
     moves.clear()
-    actor.save_adapters(str(tmp_path / "adapters"))
+    assert actor.lora_weights() is not None  # (the actor writes no files: the driver writes the adapters' files)
     assert moves == [] and not actor.offloaded  # on the device already: nothing moves

@@ -23,12 +23,14 @@ from rlrunner.cluster.factory import BACKENDS, create_cluster
 from rlrunner.cluster.placement import COMPONENTS, Placement, PlacementError, format_devices, parse_placement
 from rlrunner.cluster.report import write_placement_report
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
+from rlrunner.cluster.shipping import NodeSetupError
 
 __all__ = [
     "BACKENDS",
     "COMPONENTS",
     "Cluster",
     "Handle",
+    "NodeSetupError",
     "PendingCall",
     "Placement",
     "PlacementError",

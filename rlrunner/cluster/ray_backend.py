@@ -36,6 +36,7 @@ from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits,
 from rlrunner.cluster.placement import Placement, format_devices, parse_placement
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
+from rlrunner.cluster.shipping import check_readable, job_runtime_env, setup_failure
 from rlrunner.utils.threads import apply_thread_budget, thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -65,8 +66,11 @@ class _WorkerHost:
                 "port": bind_rendezvous() if rendezvous else None}
 
     def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
-        """Set the env vars (torch.distributed's and the thread budget's), then build
-        ``worker_cls(*args, rank=RANK, world_size=WORLD_SIZE, **kwargs)``."""
+        """Set the env vars (torch.distributed's, the thread budget's), then build ``worker_cls(*args, rank=RANK,
+        world_size=WORLD_SIZE, **kwargs)``, once this node can read the folders it loads (its ``node_paths``)."""
+        node_paths = getattr(worker_cls, "node_paths", None)
+        if node_paths is not None:
+            check_readable(node_paths(*args, **kwargs))
         os.environ.update(env)
         apply_thread_budget()  # the worker's threads follow its CPU reservation, not the node's core count
         self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
@@ -173,8 +177,10 @@ class RayWorkerGroup(WorkerGroup):
         return gather(self.role, self.node_ips, method, refs, timeout_s or self._cluster.worker_timeout_s)
 
 
-def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any]], timeout_s: float) -> list[Any]:
-    """Results of ``refs`` (``(rank, ref)`` pairs) in order; the first failure or a timeout raises WorkerError.
+def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any]], timeout_s: float,
+           nodes: Sequence[str] | None = None) -> list[Any]:
+    """Results of ``refs`` (``(rank, ref)`` pairs) in order; the first failure or a timeout raises WorkerError
+    (NodeSetupError when a node lacks rlrunner or a folder, naming rank r's node ``nodes[r]``, default ``ips[r]``).
 
     Fails fast: a rank that dies is reported as soon as Ray knows, even while other ranks still run (they may
     be blocked in a collective waiting for the dead one).
@@ -190,10 +196,7 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
         ready = ray.wait(list(pending), num_returns=1, timeout=max(remaining, 0))[0] if remaining > 0 else []
         if not ready:
             late = sorted(pending.values())
-            what = (
-                f"did not finish {method!r} within {timeout_s:g} s (cluster.worker_timeout_s); "
-                f"ranks still running: {late}"
-            )
+            what = f"did not finish {method!r} within {timeout_s:g} s (cluster.worker_timeout_s); ranks still running: {late}"
             raise WorkerError(role, late[0], ips[late[0]], what)
         for ref in ready:
             rank = pending.pop(ref)
@@ -201,10 +204,15 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
                 results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
             except RayTaskError as exc:
                 text = _plain(str(exc))
+                if setup := setup_failure(f"{role} worker rank {rank} on {(nodes or ips)[rank]}", text, exc.cause):
+                    raise setup from None
                 raise WorkerError(role, rank, ips[rank], f"raised in {method!r}: {last_line(text)}", text) from None
             except RayActorError as exc:
+                text = _plain(str(exc))
+                if setup := setup_failure(f"{role} worker rank {rank} on {(nodes or ips)[rank]}", text):
+                    raise setup from None
                 what = f"died during {method!r} (its process exited or was killed)"
-                raise WorkerError(role, rank, ips[rank], what, _plain(str(exc))) from None
+                raise WorkerError(role, rank, ips[rank], what, text) from None
             except (RayError, GetTimeoutError) as exc:
                 raise WorkerError(role, rank, ips[rank], f"failed in {method!r}", repr(exc)) from None
     return [results[rank] for rank, _ in refs]
@@ -246,7 +254,8 @@ class RayCluster(Cluster):
 
         address = getattr(cluster_cfg, "ray_address", "") or os.environ.get("RAY_ADDRESS", "")
         if not ray.is_initialized() and address:
-            ray.init(address=address, log_to_driver=True)
+            runtime_env = job_runtime_env(bool(getattr(cluster_cfg, "ship_code", True)))  # nodes lack the checkout
+            ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
             self._started_ray = True
         if placement is None:  # after connecting, so detection sees the cluster's nodes
             n_per_node = detect_devices_per_node(cluster_cfg)
@@ -326,9 +335,9 @@ class RayCluster(Cluster):
         try:
             serial = next(_SPAWNS)
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
-            unknown = ["(node not known yet)"] * len(hosts)
             started = [(rank, h.node_info.remote(rank == 0)) for rank, h in enumerate(hosts)]
-            infos = gather(role, unknown, "start", started, self.worker_timeout_s)
+            names = [f"node {k} = {self.nodes[k].describe()}" for k in map(self.placement.node_of, devices)]  # pinned
+            infos = gather(role, names, "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
             master = (ips[0], infos[0]["port"])
             threads = thread_env(self.cpus_per_worker)
@@ -337,7 +346,7 @@ class RayCluster(Cluster):
                                              kwargs))
                 for rank, host in enumerate(hosts)
             ]
-            gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s)
+            gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s, nodes=names)
         except BaseException:  # includes KeyboardInterrupt: never leak actors or slots
             self._kill(hosts)
             for d in devices:

@@ -264,6 +264,7 @@ KEY_CHECKS: dict[str, Check] = {
     "cluster.component_placement": Elsewhere("check_placement (parse_placement with the node and device counts)"),
     "cluster.backend": Choice(_registry("rlrunner.cluster.factory", "BACKENDS")),
     "cluster.ray_address": Free("'auto', host:port or empty; Ray reports an unreachable address when it connects"),
+    "cluster.ship_code": Free("bool"),
     "cluster.cpus_per_worker": Range(low=0, low_open=True),
     "cluster.worker_timeout_s": Range(low=0, low_open=True, meaning="seconds"),
     "cluster.enable_offload": Free("bool"),

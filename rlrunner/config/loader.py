@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlrunner.config.checks import family_sections
 from rlrunner.config.compose import compose
 from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
+from rlrunner.config.paths import make_paths_absolute
 from rlrunner.config.rlinf import translate
 from rlrunner.config.schema import RecipeConfig
 from rlrunner.config.validate import validate
@@ -107,7 +108,8 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
 
     ``check_datasets=False`` accepts a recipe whose prompt files are absent (for tools that read no prompts).
 
-    Returns a struct-mode, read-only :class:`DictConfig`; raises :class:`RecipeError` on any user error.
+    Returns a struct-mode, read-only :class:`DictConfig` whose local paths are absolute
+    (:mod:`rlrunner.config.paths`); raises :class:`RecipeError` on any user error.
     """
     path = recipe_path(name, config_dir)
     schema = OmegaConf.structured(RecipeConfig)
@@ -136,6 +138,7 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
     if not cfg.runner.logger.experiment_name:  # a run's identity for runner.resume_dir=auto
         cfg.runner.logger.experiment_name = path.stem
     validate(cfg, base_dir=Path(os.getcwd()), check_datasets=check_datasets)
+    make_paths_absolute(cfg, Path(os.getcwd()))  # workers run elsewhere: relative paths mean nothing there
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

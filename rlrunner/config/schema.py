@@ -24,6 +24,9 @@ class ClusterConfig:
     backend: str = "ray"
     # address of an existing cluster ("auto" or host:port); empty = RAY_ADDRESS or a new local cluster
     ray_address: str = ""
+    # joining a cluster (ray_address / RAY_ADDRESS): ship the rlrunner package to the nodes with the job (Ray
+    # runtime_env py_modules); false when every node has rlrunner installed (a cluster built from one image)
+    ship_code: bool = True
     # CPUs each worker reserves in its placement bundle
     cpus_per_worker: float = 1.0
     # seconds to wait for a worker call before declaring the worker dead

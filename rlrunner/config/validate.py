@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlrunner.config.checks import Context, problems, reward_part_problems
 from rlrunner.config.errors import RecipeError
+from rlrunner.config.paths import is_local_path
 
 # reward keys that a reward model cannot do without
 REWARD_NEEDS = {"remote": ("url",), "geneval": ("url",), "vlm_ocr": ("base_url", "served_model"),
@@ -101,16 +102,12 @@ def _check_logger(cfg: DictConfig) -> None:
         _fail(install_hint(absent[0]))
 
 
-def _is_local_path(value: str) -> bool:
-    return value.startswith((".", "/", "~")) or Path(value).expanduser().exists() or value.count("/") != 1
-
-
 def _check_model(cfg: DictConfig, base_dir: Path) -> None:
     model = cfg.actor.model
     if not model.model_path:
         _fail("actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
               "(e.g. actor.model.model_path=stabilityai/stable-diffusion-3.5-medium)")
-    if _is_local_path(model.model_path) and not (base_dir / Path(model.model_path).expanduser()).exists():
+    if is_local_path(model.model_path, base_dir) and not (base_dir / Path(model.model_path).expanduser()).exists():
         _fail(f"actor.model.model_path={model.model_path!r} does not exist (relative paths are taken from "
               f"{base_dir}); point it at a diffusers folder or use a hub id like org/name")
 

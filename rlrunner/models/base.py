@@ -22,7 +22,7 @@ from torch import nn
 
 from rlrunner.algorithms.samplers import VelocityFn, VelocityObserver, sample_flow, sigma_schedule
 from rlrunner.models.loading import load_family_pipeline
-from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters
+from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters, saved_config, write_lora
 
 Cond = dict[str, torch.Tensor]
 
@@ -336,6 +336,14 @@ class FlowModel(abc.ABC):
         """Write ``adapter`` so that diffusers' ``pipe.load_lora_weights(directory)`` loads it; ``state``: the
         adapter's :meth:`lora_state_dict` when the caller already has it (default: read it now)."""
         self._adapters().save(directory, adapter, self.lora_loader_class_name, self.lora_component, state)
+
+    @classmethod
+    def write_lora_files(cls, directory: str, state: dict[str, torch.Tensor], family_cfg: Any) -> None:
+        """Write an adapter's tensors (a :meth:`lora_state_dict`) as :meth:`save_lora` does, without a model: the
+        LoRA settings come from ``family_cfg`` (``lora_rank``, ``lora_alpha``), so the driver can write the files
+        of tensors a worker returned."""
+        config = saved_config(cls.lora_target_modules, int(family_cfg.lora_rank), int(family_cfg.lora_alpha))
+        write_lora(directory, state, config, cls.lora_loader_class_name, cls.lora_component)
 
     def load_lora(self, path: str, adapters: tuple[str, ...] = ADAPTERS) -> None:
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save_lora`) into ``adapters``."""

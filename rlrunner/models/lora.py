@@ -73,6 +73,36 @@ def fast_switch(layers: list[nn.Module], adapter: str | None) -> None:
         attrs["_active_adapter"] = active
 
 
+def saved_config(target_modules: tuple[str, ...], rank: int, alpha: int, init: str | bool = "gaussian") -> dict[str, Any]:
+    """The LoRA settings a saved file's metadata holds for an adapter made by :func:`lora_config` with these
+    arguments: what :meth:`LoraAdapters.config_dict` returns, without a model (the driver writes the files)."""
+    config = lora_config(target_modules, rank, alpha, init).to_dict()
+    config["target_modules"] = sorted(config["target_modules"])
+    return {k: v for k, v in config.items() if k in _SAVED_CONFIG_KEYS}
+
+
+def write_lora(directory: str, state: dict[str, torch.Tensor], config: dict[str, Any], loader_class_name: str,
+               component: str) -> None:
+    """Write one adapter's tensors (a :meth:`LoraAdapters.state_dict`) so that the pipeline's
+    ``load_lora_weights(directory)`` loads them; needs no model, only its tensors and settings.
+
+    ``loader_class_name`` is the pipeline's LoRA loader mixin in ``diffusers.loaders`` (importing it, not the
+    pipeline, spares the pipeline's other imports; its ``save_lora_weights`` is a classmethod); ``component`` is
+    the pipeline's name of the denoiser (``transformer``, or ``unet`` whose files use diffusers' older key names).
+    ``config`` (:meth:`LoraAdapters.config_dict`) goes into the safetensors metadata, so the loader applies the
+    same ``alpha / rank`` scale as training did.
+    """
+    import diffusers.loaders
+    from diffusers.utils import convert_state_dict_to_diffusers
+
+    if component == "unet":
+        state = convert_state_dict_to_diffusers(state)
+    state = {k: v.contiguous() for k, v in state.items()}
+    loader = getattr(diffusers.loaders, loader_class_name)
+    loader.save_lora_weights(directory, safe_serialization=True, **{
+        f"{component}_lora_layers": state, f"{component}_lora_adapter_metadata": config})
+
+
 class LoraAdapters:
     """``default`` and ``ema`` LoRA adapters on ``denoiser`` (a diffusers model), base weights frozen.
 
@@ -154,26 +184,13 @@ class LoraAdapters:
     # ------------------------------------------------------------------ files (diffusers' LoRA format)
     def save(self, directory: str, adapter: str, loader_class_name: str, component: str,
              state: dict[str, torch.Tensor] | None = None) -> None:
-        """Write ``adapter`` so that the pipeline's ``load_lora_weights(directory)`` loads it.
-
-        ``loader_class_name`` is the pipeline's LoRA loader mixin in ``diffusers.loaders`` (importing it, not
-        the pipeline, spares the pipeline's other imports); ``component`` is the pipeline's name of the denoiser
-        (``transformer``, or ``unet`` whose files use diffusers' older key names). The LoRA config goes into the safetensors metadata, so the loader applies
-        the same ``alpha / rank`` scale as training did. ``state``: the adapter's :meth:`state_dict` when the
-        caller already has it (default: read it now).
-        """
-        import diffusers.loaders
-        from diffusers.utils import convert_state_dict_to_diffusers
-
+        """Write ``adapter`` so that the pipeline's ``load_lora_weights(directory)`` loads it (:func:`write_lora`,
+        with this model's LoRA settings); ``state``: the adapter's :meth:`state_dict` when the caller already has
+        it (default: read it now)."""
         if adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; valid: {list(ADAPTERS)}")
-        state = state or self.state_dict(adapter)
-        if component == "unet":
-            state = convert_state_dict_to_diffusers(state)
-        state = {k: v.contiguous() for k, v in state.items()}
-        loader = getattr(diffusers.loaders, loader_class_name)
-        loader.save_lora_weights(directory, safe_serialization=True, **{
-            f"{component}_lora_layers": state, f"{component}_lora_adapter_metadata": self.config_dict(adapter)})
+        write_lora(directory, state or self.state_dict(adapter), self.config_dict(adapter), loader_class_name,
+                   component)
 
     def load(self, path: str, adapters: tuple[str, ...], loader_class_name: str, component: str) -> None:
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save`) into ``adapters``.

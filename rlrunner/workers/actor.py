@@ -14,7 +14,7 @@ import torch
 from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
 from rlrunner.batch import Batch
 from rlrunner.cluster.parallelize import local_shards, parallelize
-from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
+from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model, local_model_paths
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.sample_order import noise_seed
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
@@ -32,9 +32,15 @@ class ActorWorker:
     in micro-batches with gradient accumulation, through torch's DDP or FSDP2 (``actor.strategy``, see
     :mod:`rlrunner.cluster.parallelize`), which average the gradients over ranks. Each sample's training noise
     is seeded by its global index in the step's batch, so the result does not depend on the number of ranks.
-    Methods that gather full tensors (``ema_update`` aside, everything that returns or writes adapters or
-    optimizer state) must be called on every rank; rank 0 returns the result.
+    Methods that gather full tensors (``ema_update`` aside, everything that returns adapters or optimizer state)
+    must be called on every rank; rank 0 returns the result. The actor writes no files: the driver writes the
+    checkpoint (adapters in diffusers' format included) from what :meth:`state_dict` returns.
     """
+
+    @staticmethod
+    def node_paths(actor_cfg: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
+        """The local folders this worker reads (checked on its node before it starts)."""
+        return local_model_paths(actor_cfg.model)
 
     def __init__(self, actor_cfg: Any, algorithm_cfg: Any, num_train_steps: int, *, rank: int = 0,
                  world_size: int = 1) -> None:
@@ -204,11 +210,3 @@ class ActorWorker:
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         set_rng_state(state["rng"])
         self.optimizer_steps = state["optimizer_steps"]
-
-    def save_adapters(self, checkpoint_dir: str) -> None:
-        """Write both adapters in diffusers' LoRA format (``pipe.load_lora_weights(dir)``). Every rank must call
-        it (FSDP2 gathers the shards); rank 0 writes."""
-        weights = self.lora_weights()
-        if weights is not None:
-            self.model.save_lora(f"{checkpoint_dir}/adapter", TRAINED_ADAPTER, weights[TRAINED_ADAPTER])
-            self.model.save_lora(f"{checkpoint_dir}/adapter_ema", EMA_ADAPTER, weights[EMA_ADAPTER])

@@ -14,6 +14,14 @@ from rlrunner.rewards import AsyncRewardScorer, RewardOutput, build_reward
 SPLITS = ("train", "eval")
 
 
+def reward_settings(env_cfg: Any) -> Any:
+    """What an env worker is built from: each split's ``reward`` section of the recipe's ``env``, nothing more, so
+    that no path of the log folder (``video_cfg``) reaches a worker."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({split: {"reward": env_cfg[split].reward} for split in SPLITS})
+
+
 class EnvWorker:
     """Holds one reward (and its OCR engine) per split.
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from rlrunner.batch import Batch
-from rlrunner.models import TRAINED_ADAPTER, build_model
+from rlrunner.models import TRAINED_ADAPTER, build_model, local_model_paths
 from rlrunner.objectives import build_objective
 from rlrunner.sample_order import TrainPlan
 from rlrunner.utils.seeding import derive_seed
@@ -55,6 +55,11 @@ class RolloutWorker:
     Decoding happens here rather than in the env worker so that one copy of the VAE serves a device; the env
     worker receives uint8 pixels, which it needs anyway for OCR.
     """
+
+    @staticmethod
+    def node_paths(model_cfg: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
+        """The local folders this worker reads (checked on its node before it starts)."""
+        return local_model_paths(model_cfg)
 
     def __init__(self, model_cfg: Any, seed: int, *, algorithm_cfg: Any = None, rank: int = 0,
                  world_size: int = 1) -> None:

@@ -94,14 +94,15 @@ def test_rlinf_sd3_recipe_maps_onto_our_keys(assets, rlinf_env, caplog):
         512, 10, 40, "dpm2", "euler")  # RLinf's eval_sampler ode is Euler here
     assert (sd3.guidance_scale, sd3.lora_rank, sd3.lora_alpha, sd3.lora_path) == (1.0, 32, 64, "")
     assert (sd3.offload_text_encoder, sd3.offload_vae) == (False, False)  # the recipe's offload_auxiliary_modules
+    results = Path.cwd().parent / "results"  # the recipe's ../results, made absolute on the driver
     for split in ("train", "eval"):
         env = cfg.env[split]
         assert (env.dataset.type, env.reward.model, env.reward.use_gpu) == ("ocr", "ocr", False)
-        assert env.video_cfg.video_base_dir == "../results/video/ocr_reward"  # ${runner.logger.log_path}/...
+        assert env.video_cfg.video_base_dir == str(results / "video/ocr_reward")  # ${runner.logger.log_path}/...
     assert (cfg.env.train.total_num_envs, cfg.env.train.rollout_epoch, cfg.env.eval.total_num_envs) == (192, 6, 128)
     run = cfg.runner
     assert (run.max_steps, run.max_epochs, run.val_check_interval, run.save_interval) == (-1, 70, -1, -1)
-    assert (run.resume_dir, run.logger.experiment_name, run.logger.log_path) == ("", "sd3_nft_ocr", "../results")
+    assert (run.resume_dir, run.logger.experiment_name, run.logger.log_path) == ("", "sd3_nft_ocr", str(results))
     alg = cfg.algorithm
     assert (alg.name, alg.group_size, alg.adv_type, alg.nft_beta, alg.adv_clip_max) == ("nft", 24, "grpo", 0.1, 5.0)
     assert list(alg.nft_tau) == [1.0, 0.01, 30, 70] and alg.nft_clip_ratio is None
