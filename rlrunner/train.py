@@ -54,8 +54,8 @@ def default_log_dir(cfg_log_path: str, config_name: str) -> Path:
 
 
 def dry_run_view(cfg: DictConfig) -> DictConfig:
-    """The resolved recipe without the blocks it does not use: other model families' settings and other algorithms'
-    keys (the EMA keys ``nft_tau``/``nft_decay_type`` serve every algorithm)."""
+    """The resolved recipe without the blocks it does not use: other model families' settings, other algorithms'
+    keys (the EMA keys ``nft_tau``/``nft_decay_type`` serve every algorithm) and unset reward settings."""
     view = OmegaConf.to_container(cfg, resolve=True)
     model = view["actor"]["model"]
     for family in MODEL_FAMILIES:
@@ -66,6 +66,10 @@ def dry_run_view(cfg: DictConfig) -> DictConfig:
         if name != algorithm["name"]:
             for key in [k for k in algorithm if k.startswith(f"{name}_") and k not in SHARED_ALGORITHM_KEYS]:
                 del algorithm[key]
+    for split in view["env"].values():  # other rewards' settings: left unset ('' or []) by a recipe that uses none
+        reward = split["reward"]
+        for key in [k for k, v in reward.items() if v in ("", [])]:
+            del reward[key]
     return OmegaConf.create(view)
 
 
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:  # validates and prints; creates nothing
         print(to_yaml(dry_run_view(cfg)), end="")
         print(f"rlrunner: recipe {args.config_name!r} is valid (dry run; other model families' and algorithms' "
-              "keys left out above)", file=sys.stderr)
+              "keys and unset reward settings left out above)", file=sys.stderr)
         return 0
     log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(cfg.runner.logger.log_path, args.config_name)
     cfg = with_log_dir(cfg, log_dir)
