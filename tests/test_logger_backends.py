@@ -49,15 +49,17 @@ def test_wandb_offline_writes_its_run_into_the_log_folder(tmp_path: Path, monkey
     monkeypatch.setenv("WANDB_SILENT", "true")
     _log_a_run(tmp_path, "wandb")
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    history, run = [], None
+    history, run, kinds = [], None, []
     for data in _leveldb_records(run_file):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
+        kinds.append(record.WhichOneof("record_type"))
         if record.HasField("run"):
             run = record.run
         if record.HasField("history"):
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                             for item in record.history.item})
+    assert run is not None, f"no run record in {run_file} ({run_file.stat().st_size} bytes), records: {kinds}"
     assert (run.project, run.display_name) == ("proj", "exp")
     assert [(h["_step"], h["train/loss"]) for h in history if "train/loss" in h] == [(3, 0.5), (4, 0.25)]
     assert [(h["_step"], h["samples/train/_type"]) for h in history if "samples/train/_type" in h] == [(4, "image-file")]
