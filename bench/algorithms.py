@@ -27,27 +27,61 @@ import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "tiny_nft_ocr"
 SHIPPED_STEPS = 100  # the recipe's runner.max_steps: the budget is these steps at the shipped variant's speed
-# variant -> (description, overrides of the shipped recipe)
-VARIANTS: dict[str, tuple[str, list[str]]] = {
-    "nft": ("NFT, as shipped", []),
-    "nft_sampler_t": ("NFT, training t on the sampler's sigmas (`nft_train_timesteps: sampler`)",
-                      ["algorithm.nft_train_timesteps=sampler"]),
-    "nft_cached": ("NFT on the rollout's states with cached v_old (`nft_xcur_source: rollout`)",
-                   ["algorithm.nft_xcur_source=rollout"]),
+EVAL_EVERY = 10
+
+
+@dataclass(frozen=True)
+class Variant:
+    description: str
+    overrides: list[str]
+    speed_of: str = ""  # a variant that computes exactly the same per step shares that variant's calibration
+
+
+NFT = ["algorithm.name=nft"]
+AWM = ["algorithm.name=awm", "algorithm.ref_kl_coef=0.003", "algorithm.awm_timesteps_per_sample=2"]
+FLOW_GRPO = ["algorithm.name=flow_grpo", "actor.global_batch_size=16"]
+FLOW_GRPO_FAST = [*FLOW_GRPO, "algorithm.flow_grpo_sde_window_size=2"]
+VARIANTS: dict[str, Variant] = {
+    "nft": Variant("NFT, as shipped", NFT),
+    # what sets NFT's step: the pull v_old + (2r - 1)(u - v_old)/β with r = (clip(A, ±c) + c)/2c, i.e. A/(cβ)
+    **{f"nft_beta{b}": Variant(f"NFT, `nft_beta: {b}`", [*NFT, f"algorithm.nft_beta={b}"], "nft")
+       for b in ("0.5", "0.2", "0.1")},
+    **{f"nft_clip{c}": Variant(f"NFT, `adv_clip_max: {c}`", [*NFT, f"algorithm.adv_clip_max={c}"], "nft")
+       for c in ("2", "1")},
+    "nft_tau_onpolicy": Variant("NFT, `nft_tau: 1.0` (old policy = current: on-policy)",
+                                [*NFT, "algorithm.nft_tau=1.0"], "nft"),
+    # official delayed_linear_to_0_999 (η = 0 before optimizer step 75, then +0.0075 per step up to 0.999) at 1/4 of
+    # its steps: copy to step 19, then tau = 1 - η falls linearly to 0.001 at step 52
+    "nft_tau_official": Variant("NFT, official `delayed_linear_to_0_999` at 1/4 of its steps "
+                                "(`nft_tau: [1.0, 0.001, 19, 52]`)", [*NFT, "algorithm.nft_tau=[1.0,0.001,19,52]"], "nft"),
+    "nft_tau_slow": Variant("NFT, slower ramp (`nft_tau: [1.0, 0.1, 0, 60]`)",
+                            [*NFT, "algorithm.nft_tau=[1.0,0.1,0,60]"], "nft"),
+    "nft_lr2e-3": Variant("NFT, `lr: 2e-3`", [*NFT, "actor.optim.lr=2.0e-3"], "nft"),
+    "nft_kl": Variant("NFT + KL anchor to the base model (`ref_kl_coef: 0.003`)", [*NFT, "algorithm.ref_kl_coef=0.003"]),
+    "nft_sampler_t": Variant("NFT, training t on the sampler's sigmas (`nft_train_timesteps: sampler`)",
+                             [*NFT, "algorithm.nft_train_timesteps=sampler"], "nft"),
+    "nft_cached": Variant("NFT on the rollout's states with cached v_old (`nft_xcur_source: rollout`)",
+                          [*NFT, "algorithm.nft_xcur_source=rollout"]),
     # the anchor to the base model (official OCR value 0.003) keeps AWM from drifting at the recipe's lr 1e-3; 2 noise
     # levels per sample instead of the official 6 cost 3 s of update per step instead of 8 on 2 cores
-    "awm": ("AWM (`ref_kl_coef: 0.003`, 2 noise levels per sample)",
-            ["algorithm.name=awm", "algorithm.ref_kl_coef=0.003", "algorithm.awm_timesteps_per_sample=2"]),
+    "awm": Variant("AWM (`ref_kl_coef: 0.003`, 2 noise levels per sample)", AWM),
+    "awm_lr2e-3": Variant("AWM, `lr: 2e-3`", [*AWM, "actor.optim.lr=2.0e-3"], "awm"),
+    "awm_kl0.01": Variant("AWM, `ref_kl_coef: 0.01`", [*AWM, "algorithm.ref_kl_coef=0.01"], "awm"),
     # 4 optimizer steps per rollout (the official trainer takes several), so that the ratio clip acts
-    "flow_grpo": ("FlowGRPO", ["algorithm.name=flow_grpo", "actor.global_batch_size=16"]),
-    "flow_grpo_fast": ("FlowGRPO-Fast (SDE window of 2 steps in the first half)",
-                       ["algorithm.name=flow_grpo", "actor.global_batch_size=16", "algorithm.flow_grpo_sde_window_size=2"]),
-    "shuffle": ("control: NFT with shuffled rewards", ["algorithm.reward_signal=shuffle"]),
+    "flow_grpo": Variant("FlowGRPO", FLOW_GRPO),
+    "flow_grpo_fast": Variant("FlowGRPO-Fast (SDE window of 2 steps in the first half)", FLOW_GRPO_FAST),
+    "flow_grpo_fast_lr3e-4": Variant("FlowGRPO-Fast, `lr: 3e-4`", [*FLOW_GRPO_FAST, "actor.optim.lr=3.0e-4"],
+                                     "flow_grpo_fast"),
+    "flow_grpo_fast_noise1.0": Variant("FlowGRPO-Fast, `flow_grpo_noise_level: 1.0`",
+                                       [*FLOW_GRPO_FAST, "algorithm.flow_grpo_noise_level=1.0"], "flow_grpo_fast"),
+    "shuffle": Variant("control: NFT with shuffled rewards", [*NFT, "algorithm.reward_signal=shuffle"], "nft"),
+    "awm_shuffle": Variant("control: AWM with shuffled rewards", [*AWM, "algorithm.reward_signal=shuffle"], "awm"),
 }
 
 
@@ -69,39 +103,65 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def calibrate(names: list[str], steps: int, out: Path) -> dict[str, float]:
-    """Median seconds per training step of each variant (the first step excluded: caches, OCR sessions)."""
-    seconds = {}
-    for name in names:
-        run_dir = train([*VARIANTS[name][1], f"runner.max_steps={steps}", "runner.val_before_train=false",
+    """Median seconds per training step of each variant (the first step excluded: caches, OCR sessions); a variant
+    with ``speed_of`` gets that variant's."""
+    seconds: dict[str, float] = {}
+    for name in dict.fromkeys(VARIANTS[n].speed_of or n for n in names):
+        run_dir = train([*VARIANTS[name].overrides, f"runner.max_steps={steps}", "runner.val_before_train=false",
                          "runner.val_check_interval=0", "runner.save_interval=0", "runner.sample_log_interval=0"],
                         out / "calibration" / name)
         seconds[name] = statistics.median([r["time/step"] for r in records(run_dir) if "time/step" in r][1:])
         print(f"  {name:<16} {seconds[name]:6.2f} s/step", flush=True)
-    (out / "calibration.json").write_text(json.dumps(seconds, indent=1))
-    return seconds
+    previous = json.loads((out / "calibration.json").read_text()) if (out / "calibration.json").is_file() else {}
+    (out / "calibration.json").write_text(json.dumps({**previous, **seconds}, indent=1))
+    return {**previous, **seconds}
+
+
+def seconds_of(name: str, seconds: dict[str, float]) -> float | None:
+    return seconds.get(VARIANTS[name].speed_of or name)
 
 
 def run_dir_of(out: Path, name: str, seed: int) -> Path:
     return out / "runs" / f"{name}-seed{seed}"
 
 
-def report(names: list[str], seeds: list[int], out: Path, seconds: dict[str, float]) -> None:
-    print("\n| variant | seed | steps | min (steps × s/step) | held-out step 0 | step 20 | end | gain |\n"
-          "|---|---|---|---|---|---|---|---|")
+def curve(out: Path, name: str, seed: int) -> dict[int, float]:
+    """Held-out reward by step of a finished run ({} if it has not run)."""
+    logs = run_dir_of(out, name, seed)
+    found = [p for p in logs.iterdir() if p.is_dir()] if logs.is_dir() else []
+    return {r["step"]: r["eval/avg"] for r in records(found[0]) if "eval/avg" in r} if found else {}
+
+
+def report(names: list[str], seeds: list[int], out: Path, seconds: dict[str, float]) -> str:
+    """A markdown table: held-out reward every EVAL_EVERY steps and at the end, per run, and its mean over seeds."""
+    curves = {(name, seed): curve(out, name, seed) for name in names for seed in seeds}
+    longest = max((max(c) for c in curves.values() if c), default=0)
+    columns = list(range(0, longest, EVAL_EVERY))
+    lines = ["| variant | seed | steps | min | " + " | ".join(f"{s}" for s in columns) + " | end | gain |",
+             "|---" * (len(columns) + 6) + "|"]
+
+    def row(label: str, seed: str, steps: str, minutes: str, points: dict, last: float, gain: float) -> str:
+        cells = [f"{points[s]:.3f}" if s in points else "" for s in columns]
+        return f"| {label} | {seed} | {steps} | {minutes} | " + " | ".join(cells) + f" | {last:.3f} | {gain:+.3f} |"
+
     for name in names:
-        gains = []
-        for seed in seeds:
-            logs = run_dir_of(out, name, seed)
-            found = [p for p in logs.iterdir() if p.is_dir()] if logs.is_dir() else []
-            if not found:
-                continue
-            evals = {r["step"]: r["eval/avg"] for r in records(found[0]) if "eval/avg" in r}
-            first, last = evals[0], evals[max(evals)]
-            gains.append(last - first)
-            print(f"| {VARIANTS[name][0]} | {seed} | {max(evals)} | {max(evals) * seconds[name] / 60:.1f} | "
-                  f"{first:.3f} | {evals.get(20, float('nan')):.3f} | {last:.3f} | {last - first:+.3f} |")
-        if len(gains) > 1:
-            print(f"| {VARIANTS[name][0]}: mean of {len(gains)} seeds | | | | | | | {statistics.mean(gains):+.3f} |")
+        done = [(seed, curves[name, seed]) for seed in seeds if curves[name, seed]]
+        per_step = seconds_of(name, seconds)
+        for seed, points in done:
+            end = max(points)
+            minutes = f"{end * per_step / 60:.1f}" if per_step else ""
+            lines.append(row(VARIANTS[name].description, str(seed), str(end), minutes, points, points[end],
+                             points[end] - points[0]))
+        if len(done) > 1:
+            shared = set.intersection(*(set(points) for _, points in done))
+            means = {s: statistics.mean(points[s] for _, points in done) for s in shared}
+            last = statistics.mean(points[max(points)] for _, points in done)
+            gains = [points[max(points)] - points[0] for _, points in done]
+            lines.append(row(f"**{VARIANTS[name].description}: mean of {len(done)} seeds**", "", "", "", means, last,
+                             statistics.mean(gains)))
+    table = "\n".join(lines)
+    print("\n" + table, flush=True)
+    return table
 
 
 def main() -> None:
@@ -110,19 +170,22 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[42])
     parser.add_argument("--calibration-steps", type=int, default=4)
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop each run here (a control up to CI's length)")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run that leave training as it is "
+                        "(e.g. runner.save_interval=75 to resume from there with more evals)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_runs" / "algorithms")
     parser.add_argument("--calibrate-only", action="store_true")
     parser.add_argument("--report-only", action="store_true", help="reuse the calibration and runs under --out")
     args = parser.parse_args()
     names = list(dict.fromkeys(["nft", *args.variants]))  # the shipped variant sets the budget
     calibration = args.out / "calibration.json"
-    if args.report_only or (calibration.is_file() and set(names) <= set(json.loads(calibration.read_text()))):
-        seconds = json.loads(calibration.read_text())
-        names = [name for name in names if name in seconds]  # --report-only: the calibrated variants
-    else:
+    seconds = json.loads(calibration.read_text()) if calibration.is_file() else {}
+    missing = [name for name in names if seconds_of(name, seconds) is None]
+    if missing and not args.report_only:
         print(f"calibrating ({args.calibration_steps} steps each):", flush=True)
-        seconds = calibrate(names, args.calibration_steps, args.out)
-    budget = {name: max(1, round(SHIPPED_STEPS * seconds["nft"] / seconds[name])) for name in names}
+        seconds = calibrate(missing, args.calibration_steps, args.out)
+    names = [name for name in names if seconds_of(name, seconds) is not None]
+    budget = {name: max(1, round(SHIPPED_STEPS * seconds["nft"] / seconds_of(name, seconds))) for name in names}
     print("steps within the budget of " + f"{SHIPPED_STEPS} shipped steps ({SHIPPED_STEPS * seconds['nft'] / 60:.1f} "
           "min): " + ", ".join(f"{name} {budget[name]}" for name in names), flush=True)
     if args.calibrate_only:
@@ -133,13 +196,16 @@ def main() -> None:
 
         def run(job: tuple[str, int]) -> None:
             name, seed = job
-            train([*VARIANTS[name][1], f"runner.max_steps={budget[name]}", f"runner.seed={seed}", f"actor.seed={seed}",
-                   "runner.save_interval=0"], run_dir_of(args.out, name, seed))
+            steps = min(budget[name], args.max_steps or budget[name])
+            train([*VARIANTS[name].overrides, f"runner.max_steps={steps}", f"runner.seed={seed}", f"actor.seed={seed}",
+                   f"runner.val_check_interval={EVAL_EVERY}", "runner.save_interval=0", *args.extra],
+                  run_dir_of(args.out, name, seed))
             print(f"  done: {name} seed {seed}", flush=True)
 
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             list(pool.map(run, jobs))
-    report(names, args.seeds, args.out, seconds)
+    table = report(names, args.seeds, args.out, seconds)
+    (args.out / "table.md").write_text(table + "\n")
 
 
 if __name__ == "__main__":
