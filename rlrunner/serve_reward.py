@@ -7,7 +7,7 @@ Recipes use it with ``reward.model: remote`` (``url``) or, for its OCR engine as
 (``base_url: http://HOST:PORT/v1``). Security defaults: it listens on 127.0.0.1; any other address needs
 ``--token-file`` (every request then needs ``Authorization: Bearer <token>``); JSON only, never pickle; request,
 batch and image size limits (413). Videos are sent as frame lists and scored frame by frame, so serve an image
-reward (``ocr``, not ``video_ocr``). See rlrunner/rewards/server.py for the routes.
+reward (``ocr``, not ``video_ocr``). See rlrunner/rewards/serving/server.py for the routes.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ EXIT_USER_ERROR = 2
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from rlrunner.rewards.server import Limits
+    from rlrunner.rewards.serving.server import Limits
 
     limits = Limits()
     parser = argparse.ArgumentParser(prog="python -m rlrunner.serve_reward", description=__doc__.split("\n")[0],
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        from rlrunner.rewards.service import read_secret
+        from rlrunner.rewards.serving.client import read_secret
 
         token = read_secret(args.token_file, "--token-file")
         if args.host not in LOOPBACK and not token:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     from aiohttp import web
 
-    from rlrunner.rewards.server import Limits, build_app
+    from rlrunner.rewards.serving.server import Limits, build_app
 
     limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels)
     app = build_app(reward, limits, args.workers, token, args.served_model_name)

@@ -195,7 +195,7 @@ _REWARD = {
     "engine": Choice(_registry("rlrunner.rewards", "ENGINES", first=("auto",))),
     "use_gpu": Free("bool"),
     "lang": Free("an OCR language code, passed to the engine, which rejects unknown ones when it loads"),
-    "ocr_version": Choice(_registry("rlrunner.rewards.engines", "PADDLE_MODELS")),
+    "ocr_version": Choice(_registry("rlrunner.rewards.ocr.engines", "PADDLE_MODELS")),
     "rec_only": Free("bool"),
     # >= 1 on every recipe: the video check (validate._check_video) runs only when num_frames > 1, so a range that
     # let 0 through ("one reward per frame", which never matches a video's latent frames) passed on image recipes

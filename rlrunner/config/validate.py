@@ -126,7 +126,7 @@ def _reward_parts(cfg: DictConfig, split: str) -> list[tuple[str, dict[str, Any]
 def _check_video(cfg: DictConfig, parts: list[tuple[str, dict[str, Any]]]) -> None:
     """A video recipe's frames, advantages and rewards agree: num_frames > 1 needs adv_type grpo_video and rewards
     that score frames, chunked into exactly the latent frames the advantages are given to."""
-    from rlrunner.rewards.video_ocr import num_chunks
+    from rlrunner.rewards.frames import num_chunks
 
     family_key = f"actor.model.{cfg.actor.model.model_type}"
     frames = cfg.actor.model[cfg.actor.model.model_type].num_frames

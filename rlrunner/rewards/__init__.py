@@ -8,23 +8,32 @@
 
 Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility``, the CLIP family ``pickscore``,
 ``clipscore``, ``aesthetic``, ``hpsv2`` (``rewards/clip``), and the HTTP clients ``remote``
-(a reward server, ``python -m rlrunner.serve_reward``), ``vlm_ocr``, the VLM judges ``unifiedreward``,
-``unifiedreward2``, ``vlm_yesno`` (``rewards/judges``) and ``geneval`` (``rewards/geneval``, a detector server)
+(a reward server, ``python -m rlrunner.serve_reward``; ``rewards/serving``), ``vlm_ocr`` (``rewards/ocr``), the VLM
+judges ``unifiedreward``, ``unifiedreward2``, ``vlm_yesno`` (``rewards/judges``) and ``geneval`` (``rewards/geneval``, a detector server)
 (``reward.model``); types ``single`` and ``multi``
 (``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``).
 """
 
-from . import clip, geneval, image_stats, judges, multi, ocr, remote, video_ocr, vlm_ocr  # noqa: F401  (modules register themselves)
-from .engines import ENGINES, OcrEngine, build_engine, installed_engines, register_engine
+from . import clip, geneval, image_stats, judges, multi, ocr, serving  # noqa: F401  (modules register themselves)
+from .frames import chunk_frame_scores, num_chunks
 from .image_stats import FrameReward, ImageStatsReward, JpegCompressibilityReward, PixelReward
 from .multi import MultiReward
-from .ocr import OcrReward, extract_target, ocr_score
+from .ocr import (
+    ENGINES,
+    OcrEngine,
+    OcrReward,
+    VideoOcrReward,
+    VlmOcrReward,
+    build_engine,
+    extract_target,
+    installed_engines,
+    ocr_score,
+    register_engine,
+)
 from .output import RewardOutput
 from .registry import REWARD_TYPES, REWARDS, Reward, RewardUnavailable, build_reward, register_reward, reward_config
-from .remote import RemoteReward
 from .scorer import AsyncRewardScorer
-from .video_ocr import VideoOcrReward, chunk_frame_scores, num_chunks
-from .vlm_ocr import VlmOcrReward
+from .serving import RemoteReward
 
 __all__ = [
     "ENGINES",

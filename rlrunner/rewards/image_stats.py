@@ -30,10 +30,10 @@ from PIL import Image
 
 from rlrunner.config.schema import RewardConfig
 
+from .frames import chunk_frame_scores
 from .inputs import all_failed, as_uint8, check_prompts, error_summary, reason_key
 from .output import RewardOutput
 from .registry import Reward, register_reward
-from .video_ocr import chunk_frame_scores
 
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 

@@ -8,7 +8,7 @@ import pytest
 
 from rlrunner.config.loader import load_recipe
 from rlrunner.models.wan import latent_num_frames
-from rlrunner.rewards.video_ocr import num_chunks
+from rlrunner.rewards.frames import num_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 OCR_DATA = ROOT / "examples" / "diffusion" / "data" / "ocr"

@@ -6,7 +6,7 @@ import pytest
 from reward_helpers import FakeEngine
 
 from rlrunner.rewards import build_reward, installed_engines
-from rlrunner.rewards.engines import ENGINES
+from rlrunner.rewards.ocr.engines import ENGINES
 
 
 @pytest.fixture(scope="session")

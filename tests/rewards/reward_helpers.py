@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from rlrunner.rewards import installed_engines
-from rlrunner.rewards.engines import Line, OcrEngine
+from rlrunner.rewards.ocr.engines import Line, OcrEngine
 
 FONT_CANDIDATES = (
     "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf",

@@ -12,8 +12,8 @@ import pytest
 from reward_helpers import FakeEngine, coded_image
 
 from rlrunner.rewards import build_reward
-from rlrunner.rewards import engines as eng
-from rlrunner.rewards.engines import PaddleOcrEngine, build_engine
+from rlrunner.rewards.ocr import engines as eng
+from rlrunner.rewards.ocr.engines import PaddleOcrEngine, build_engine
 
 
 def fake_paddleocr(version: str, fail: bool = False) -> types.ModuleType:

@@ -128,7 +128,7 @@ def test_geneval_reward_end_to_end():
     }
 
     def answer(body: dict) -> tuple[int, bytes]:
-        from rlrunner.rewards.wire import decode_image
+        from rlrunner.rewards.serving.wire import decode_image
 
         seen.append(body)
         detections = [answers[int(decode_image(im, 10**6)[0, 0, 0])] for im in body["images"]]

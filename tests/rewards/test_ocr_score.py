@@ -10,7 +10,7 @@ import Levenshtein
 import pytest
 
 from rlrunner.rewards import extract_target, ocr_score
-from rlrunner.rewards.ocr import filter_alphabet, join_lines, normalize_text
+from rlrunner.rewards.ocr.reward import filter_alphabet, join_lines, normalize_text
 
 
 def reference_score(recognized: str, prompt: str) -> float:

@@ -13,7 +13,7 @@ from reward_helpers import render, requires_engine
 from service_helpers import StubServer, free_port, reward_server
 
 from rlrunner.rewards import RewardOutput, RewardUnavailable, build_reward
-from rlrunner.rewards.wire import encode_image
+from rlrunner.rewards.serving.wire import encode_image
 from rlrunner.serve_reward import main as serve_main
 
 pytestmark = requires_engine

@@ -108,7 +108,7 @@ class Mask2FormerDetector:
 
 
 def decode(text: Any) -> np.ndarray:
-    """base64 PNG/JPEG -> uint8 RGB ``[H, W, 3]`` (``rlrunner.rewards.wire.decode_image``'s job, repeated here
+    """base64 PNG/JPEG -> uint8 RGB ``[H, W, 3]`` (``rlrunner.rewards.serving.wire.decode_image``'s job, repeated here
     because this script cannot import rlrunner in the detector's environment)."""
     if not isinstance(text, str):
         raise TypeError(f"each image must be a base64 string, got {type(text).__name__}")

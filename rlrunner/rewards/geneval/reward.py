@@ -24,8 +24,8 @@ import numpy as np
 from rlrunner.config.schema import RewardConfig
 
 from ..registry import register_reward
-from ..service import FrameResults, ServiceError, ServiceReward, read_secret
-from ..wire import encode_image
+from ..serving.client import FrameResults, ServiceError, ServiceReward, read_secret
+from ..serving.wire import encode_image
 from . import scoring
 
 

@@ -21,8 +21,8 @@ import numpy as np
 from rlrunner.config.schema import RewardConfig
 
 from ..registry import register_reward
-from ..service import FrameResults, ServiceError, ServiceReward, read_secret
-from ..wire import MalformedMessage, data_url, parse_chat_text
+from ..serving.client import FrameResults, ServiceError, ServiceReward, read_secret
+from ..serving.wire import MalformedMessage, data_url, parse_chat_text
 from . import parsers
 
 #: The reason (and error key) of a reply without the score the template asks for.

@@ -3,7 +3,7 @@
 Any OpenAI-compatible chat-completions endpoint works: vLLM, SGLang, a hosted API, or ``rlrunner.serve_reward``
 (its OCR engine answers as the "model", which is how the tests run this path end to end). Each image (each video
 frame) is one request: ``TRANSCRIBE_PROMPT`` with the image as a PNG data URL, ``temperature: 0``; the answer,
-filtered to ``alphabet`` if set, is scored with :func:`rlrunner.rewards.ocr.ocr_score`. The endpoint batches
+filtered to ``alphabet`` if set, is scored with :func:`rlrunner.rewards.ocr.reward.ocr_score`. The endpoint batches
 concurrent requests itself (vLLM: continuous batching), so ``max_concurrency`` is the batch size that matters.
 
 Serve Qwen2.5-VL (or Qwen3-VL) with vLLM on its own GPU(s), then point the recipe at it::
@@ -22,10 +22,10 @@ import numpy as np
 
 from rlrunner.config.schema import RewardConfig
 
-from .ocr import filter_alphabet, ocr_score, unscorable
-from .registry import register_reward
-from .service import FrameResults, ServiceError, ServiceReward, read_secret
-from .wire import MalformedMessage, data_url, parse_chat_text
+from ..registry import register_reward
+from ..serving.client import FrameResults, ServiceError, ServiceReward, read_secret
+from ..serving.wire import MalformedMessage, data_url, parse_chat_text
+from .reward import filter_alphabet, ocr_score, unscorable
 
 #: The fixed instruction sent with every image. It asks for the text alone so that the answer can be scored like
 #: an OCR engine's output (quotes and explanations would cost edit distance).

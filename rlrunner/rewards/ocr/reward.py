@@ -18,10 +18,10 @@ import numpy as np
 
 from rlrunner.config.schema import RewardConfig
 
+from ..inputs import all_failed, as_uint8, check_prompts, error_summary, is_blank, reason_key
+from ..output import RewardOutput
+from ..registry import Reward, RewardUnavailable, register_reward
 from .engines import MIN_TEXT_SCORE, Line, OcrEngine, build_engine, default_num_threads
-from .inputs import all_failed, as_uint8, check_prompts, error_summary, is_blank, reason_key
-from .output import RewardOutput
-from .registry import Reward, RewardUnavailable, register_reward
 
 
 def extract_target(prompt: str) -> str:

@@ -348,5 +348,5 @@ def paddle_model_names(ocr_version: str, lang: str) -> tuple[str, str]:
     by_lang = PADDLE_MODELS[ocr_version]
     if lang not in by_lang:
         raise ValueError(f"reward.lang {lang!r} has no PaddleOCR {ocr_version} models here; supported: "
-                         f"{list(by_lang)} (add the model names to rlrunner/rewards/engines.py PADDLE_MODELS)")
+                         f"{list(by_lang)} (add the model names to rlrunner/rewards/ocr/engines.py PADDLE_MODELS)")
     return by_lang[lang]

@@ -5,8 +5,8 @@ transient failures (connection errors, timeouts, HTTP 429/5xx) after an exponent
 other answers (400, 401, 413, a malformed body) fail at once. At most ``max_concurrency`` requests are in flight.
 
 ``ServiceReward`` turns images ``[B, H, W, 3]`` or frames ``[B, F, H, W, 3]`` into requests (subclasses say how:
-``remote.py``, ``vlm_ocr.py``) and back into a ``RewardOutput``: frame scores are chunked like ``video_ocr``; an
-image whose request finally failed scores 0 and counts in ``errors``. With ``required: true`` such failures make
+``serving/remote.py``, ``ocr/vlm.py``, ``judges/judge.py``, ``geneval/reward.py``) and back into a
+``RewardOutput``: frame scores are chunked like ``video_ocr``; an image whose request finally failed scores 0 and counts in ``errors``. With ``required: true`` such failures make
 ``RewardOutput.failure`` non-empty when they hit every sample (the runner then stops after
 ``runner.max_reward_error_steps`` steps); with ``required: false`` they are only counted.
 """
@@ -29,10 +29,10 @@ import numpy as np
 
 from rlrunner.config.schema import RewardConfig
 
-from .inputs import all_failed, as_uint8, check_prompts, error_summary, reason_key
-from .output import RewardOutput
-from .registry import Reward, RewardUnavailable
-from .video_ocr import chunk_frame_scores
+from ..frames import chunk_frame_scores
+from ..inputs import all_failed, as_uint8, check_prompts, error_summary, reason_key
+from ..output import RewardOutput
+from ..registry import Reward, RewardUnavailable
 
 #: First backoff (seconds) and its cap; attempt ``k`` waits ``uniform(0, min(cap, base * 2**k))``.
 BACKOFF_BASE_S = 0.2

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from .ocr import OcrReward
-from .registry import Reward
+from ..ocr.reward import OcrReward
+from ..registry import Reward
 from .wire import MalformedMessage, TooLarge, data_url_payload, decode_image
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

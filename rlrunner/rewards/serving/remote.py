@@ -21,8 +21,8 @@ import numpy as np
 
 from rlrunner.config.schema import RewardConfig
 
-from .registry import register_reward
-from .service import FrameResults, ServiceError, ServiceReward, read_secret
+from ..registry import register_reward
+from .client import FrameResults, ServiceError, ServiceReward, read_secret
 from .wire import MalformedMessage, encode_image, parse_score_response
 
 
