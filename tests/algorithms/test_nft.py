@@ -336,3 +336,27 @@ def test_errors_name_the_bad_value():
         nft_loss(**(video | {"adv": torch.zeros(1, 3)}), beta=0.1)
     with pytest.raises(ValueError, match=r"adv of shape \(1, 2\)"):
         nft_loss(**(inputs | {"adv": torch.zeros(1, 2)}), beta=0.1)  # per-frame adv on image latents
+
+
+# ---------------------------------------------------------------- what sets NFT's step (README "Algorithms")
+# At v_θ = v_old the c/β factor cancels β: the push is dL/dv_θ = -2·t·w·d·clamp(A, ±c) / (B·n) with
+# d = x_t - t·v_old - x0, whatever β; β·c only sets the pull back, L(Δv) - L(0) - g·Δv = c·β·Σ t²·w·Δv² / (B·n).
+def test_the_push_at_the_old_policy_does_not_depend_on_beta_and_the_pull_back_grows_with_beta_times_c():
+    x_t, x0 = image([[1.0, 1.0], [0.0, 2.0]]), image([[0.25, 0.0], [0.5, 1.0]])
+    v_old, t = image([[2.0, 1.0], [-1.0, 0.5]]), torch.tensor([0.5, 0.25])
+    adv = torch.tensor([2.5, -7.0])  # the second is clipped to -c
+    tb = t.reshape(2, 1, 1, 1)
+    d = x_t - tb * v_old - x0  # [[0.25, 0.5], [-0.25, 0.875]]
+    w = 1 / d.abs().mean(dim=(1, 2, 3), keepdim=True)
+    push = -2 * tb * w * d * adv.clamp(-C, C).reshape(2, 1, 1, 1) / 4  # B·n = 2·2
+    for beta in (1.0, 0.5, 0.1):
+        v_theta = v_old.clone().requires_grad_(True)
+        loss, _ = nft_loss(v_theta, v_old, x_t, x0, t, adv, beta=beta, adv_clip_max=C)
+        (grad,) = torch.autograd.grad(loss, v_theta)
+        torch.testing.assert_close(grad, push)
+    step = image([[0.2, -0.4], [0.1, 0.3]])
+    for beta, c in ((1.0, 5.0), (0.1, 5.0), (1.0, 1.0)):
+        at = {s: nft_loss(v_old + s * step, v_old, x_t, x0, t, adv, beta=beta, adv_clip_max=c,
+                          weight_mode="constant")[0] for s in (0.0, 1.0, -1.0)}
+        curvature = (at[1.0] + at[-1.0]) / 2 - at[0.0]  # the quadratic term of L at Δv = step
+        torch.testing.assert_close(curvature, c * beta * (tb**2 * step**2).sum() / 4)
