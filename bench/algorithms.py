@@ -1,22 +1,24 @@
-"""Held-out OCR reward gained by each algorithm on the CPU recipe, at the same wall-clock budget.
+"""Held-out OCR reward gained by each algorithm and setting on the CPU recipe, at the same wall-clock budget.
 
-    .venv/bin/python bench/algorithms.py                              # every variant, seed 42 (about 45 minutes)
-    .venv/bin/python bench/algorithms.py --variants nft flow_grpo --seeds 1 2
-    .venv/bin/python bench/algorithms.py --calibrate-only             # seconds per step of each variant
-    .venv/bin/python bench/algorithms.py --report-only --out bench_runs/algorithms   # the table of finished runs
+    bin/rlrunner python bench/algorithms.py --variants nft awm --parallel 2          # two runs at a time
+    bin/rlrunner python bench/algorithms.py --variants nft_beta0.1 awm --seeds 1 2 --parallel 2
+    bin/rlrunner python bench/algorithms.py --variants awm_shuffle --seeds 42 1 2 --max-steps 40   # CI's control
+    bin/rlrunner python bench/algorithms.py --calibrate-only             # seconds per step of each variant
+    bin/rlrunner python bench/algorithms.py --report-only --seeds 42 1 2  # the table of finished runs (table.md)
 
-Everything but the algorithm is the shipped ``tiny_nft_ocr`` recipe (model, prompts, OCR reward, group size,
-batch, learning rate, EMA schedule, evals every 20 steps on 128 held-out prompts with fixed noise).
+Everything but the variant's overrides is the shipped ``tiny_nft_ocr`` recipe (model, prompts, OCR reward, group
+size, batch, learning rate, EMA schedule), with held-out evals every 10 steps on 128 prompts with fixed noise.
 
-1. **Calibrate.** Each variant trains ``--calibration-steps`` steps (no eval) in turn, on a quiet machine; the median
-   seconds per step after the first give its step budget: ``steps = budget / (s/step)``, where the budget is the
-   shipped recipe's ``runner.max_steps`` (100) at the shipped variant's seconds per step. A variant that spends
-   twice as long per step gets half the steps.
+1. **Calibrate.** Each variant that computes something different per step trains ``--calibration-steps`` steps
+   (no eval) in turn, on a quiet machine; a variant that only changes numbers (β, c, the EMA schedule, lr) shares
+   its parent's calibration. The median seconds per step after the first give its step budget:
+   ``steps = budget / (s/step)``, where the budget is the shipped recipe's ``runner.max_steps`` (100) at the shipped
+   NFT's seconds per step. A variant that spends twice as long per step gets half the steps.
 2. **Run** each variant and seed with its steps (``--parallel 2`` runs two at a time: each run's phases are
    sequential on one torch thread, so two share the 2 cores; their wall clock is then longer than calibrated,
-   which does not change their steps).
-3. **Report** a markdown table: steps, minutes (steps × calibrated s/step, evals excluded), held-out reward at
-   step 0, 20 and the end, the gain, and its mean over seeds.
+   which does not change their steps or results). Finished runs under ``--out`` are kept and not rerun.
+3. **Report** a markdown table (printed and written to ``--out``/table.md): steps, minutes (steps × calibrated
+   s/step, evals excluded), held-out reward every 10 steps and at the end, the gain, and means over seeds.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ VARIANTS: dict[str, Variant] = {
                             [*NFT, "algorithm.nft_tau=[1.0,0.1,0,60]"], "nft"),
     "nft_lr2e-3": Variant("NFT, `lr: 2e-3`", [*NFT, "actor.optim.lr=2.0e-3"], "nft"),
     "nft_kl": Variant("NFT + KL anchor to the base model (`ref_kl_coef: 0.003`)", [*NFT, "algorithm.ref_kl_coef=0.003"]),
+    # second round, around the best of the first (seed 42: beta 0.1 and adv_clip_max 2 each gained most)
+    "nft_beta0.05": Variant("NFT, `nft_beta: 0.05`", [*NFT, "algorithm.nft_beta=0.05"], "nft"),
+    "nft_beta0.1_clip2": Variant("NFT, `nft_beta: 0.1`, `adv_clip_max: 2`",
+                                 [*NFT, "algorithm.nft_beta=0.1", "algorithm.adv_clip_max=2"], "nft"),
+    "nft_weight_constant": Variant("NFT, `nft_weight_mode: constant` (no adaptive weight)",
+                                   [*NFT, "algorithm.nft_weight_mode=constant"], "nft"),
+    "nft_beta0.1_tau_slow": Variant("NFT, `nft_beta: 0.1`, slower ramp (`nft_tau: [1.0, 0.1, 0, 60]`)",
+                                    [*NFT, "algorithm.nft_beta=0.1", "algorithm.nft_tau=[1.0,0.1,0,60]"], "nft"),
     "nft_sampler_t": Variant("NFT, training t on the sampler's sigmas (`nft_train_timesteps: sampler`)",
                              [*NFT, "algorithm.nft_train_timesteps=sampler"], "nft"),
     "nft_cached": Variant("NFT on the rollout's states with cached v_old (`nft_xcur_source: rollout`)",
