@@ -12,8 +12,8 @@ size, batch, learning rate, EMA schedule), with held-out evals every 10 steps on
 1. **Calibrate.** Each variant that computes something different per step trains ``--calibration-steps`` steps
    (no eval) in turn, on a quiet machine; a variant that only changes numbers (β, c, the EMA schedule, lr) shares
    its parent's calibration. The median seconds per step after the first give its step budget:
-   ``steps = budget / (s/step)``, where the budget is the shipped recipe's ``runner.max_steps`` (100) at the shipped
-   NFT's seconds per step. A variant that spends twice as long per step gets half the steps.
+   ``steps = budget / (s/step)``, where the budget is the NFT recipe's ``runner.max_steps`` (100) at the ``nft``
+   variant's seconds per step. A variant that spends twice as long per step gets half the steps.
 2. **Run** each variant and seed with its steps (``--parallel 2`` runs two at a time: each run's phases are
    sequential on one torch thread, so two share the 2 cores; their wall clock is then longer than calibrated,
    which does not change their steps or results). Finished runs under ``--out`` are kept and not rerun.
@@ -52,8 +52,8 @@ FLOW_GRPO_FAST = [*FLOW_GRPO, "algorithm.flow_grpo_sde_window_size=2"]
 VARIANTS: dict[str, Variant] = {
     "nft": Variant("NFT, `nft_beta: 1.0` (the recipe before this sweep)", NFT),
     # what sets NFT's step: the pull v_old + (2r - 1)(u - v_old)/β with r = (clip(A, ±c) + c)/2c, i.e. A/(cβ)
-    **{f"nft_beta{b}": Variant(f"NFT, `nft_beta: {b}`" + (" (the recipe now)" if b == "0.1" else ""), [*NFT, f"algorithm.nft_beta={b}"], "nft")
-       for b in ("0.5", "0.2", "0.1")},
+    **{f"nft_beta{b}": Variant(f"NFT, `nft_beta: {b}`" + (" (the recipe now)" if b == "0.1" else ""),
+                               [*NFT, f"algorithm.nft_beta={b}"], "nft") for b in ("0.5", "0.2", "0.1")},
     **{f"nft_clip{c}": Variant(f"NFT, `adv_clip_max: {c}`", [*NFT, f"algorithm.adv_clip_max={c}"], "nft")
        for c in ("2", "1")},
     "nft_tau_onpolicy": Variant("NFT, `nft_tau: 1.0` (old policy = current: on-policy)",
@@ -61,11 +61,13 @@ VARIANTS: dict[str, Variant] = {
     # official delayed_linear_to_0_999 (η = 0 before optimizer step 75, then +0.0075 per step up to 0.999) at 1/4 of
     # its steps: copy to step 19, then tau = 1 - η falls linearly to 0.001 at step 52
     "nft_tau_official": Variant("NFT, official `delayed_linear_to_0_999` at 1/4 of its steps "
-                                "(`nft_tau: [1.0, 0.001, 19, 52]`)", [*NFT, "algorithm.nft_tau=[1.0,0.001,19,52]"], "nft"),
+                                "(`nft_tau: [1.0, 0.001, 19, 52]`)",
+                                [*NFT, "algorithm.nft_tau=[1.0,0.001,19,52]"], "nft"),
     "nft_tau_slow": Variant("NFT, slower ramp (`nft_tau: [1.0, 0.1, 0, 60]`)",
                             [*NFT, "algorithm.nft_tau=[1.0,0.1,0,60]"], "nft"),
     "nft_lr2e-3": Variant("NFT, `lr: 2e-3`", [*NFT, "actor.optim.lr=2.0e-3"], "nft"),
-    "nft_kl": Variant("NFT + KL anchor to the base model (`ref_kl_coef: 0.003`)", [*NFT, "algorithm.ref_kl_coef=0.003"]),
+    "nft_kl": Variant("NFT + KL anchor to the base model (`ref_kl_coef: 0.003`)",
+                      [*NFT, "algorithm.ref_kl_coef=0.003"]),
     "nft_sampler_t": Variant("NFT, training t on the sampler's sigmas (`nft_train_timesteps: sampler`)",
                              [*NFT, "algorithm.nft_train_timesteps=sampler"], "nft"),
     "nft_cached": Variant("NFT on the rollout's states with cached v_old (`nft_xcur_source: rollout`)",
@@ -179,7 +181,7 @@ def main() -> None:
     parser.add_argument("--calibrate-only", action="store_true")
     parser.add_argument("--report-only", action="store_true", help="reuse the calibration and runs under --out")
     args = parser.parse_args()
-    names = list(dict.fromkeys(["nft", *args.variants]))  # the shipped variant sets the budget
+    names = list(dict.fromkeys(["nft", *args.variants]))  # the `nft` variant sets the budget
     calibration = args.out / "calibration.json"
     seconds = json.loads(calibration.read_text()) if calibration.is_file() else {}
     missing = [name for name in names if seconds_of(name, seconds) is None]
@@ -188,7 +190,7 @@ def main() -> None:
         seconds = calibrate(missing, args.calibration_steps, args.out)
     names = [name for name in names if seconds_of(name, seconds) is not None]
     budget = {name: max(1, round(SHIPPED_STEPS * seconds["nft"] / seconds_of(name, seconds))) for name in names}
-    print("steps within the budget of " + f"{SHIPPED_STEPS} shipped steps ({SHIPPED_STEPS * seconds['nft'] / 60:.1f} "
+    print("steps within the budget of " + f"{SHIPPED_STEPS} NFT steps ({SHIPPED_STEPS * seconds['nft'] / 60:.1f} "
           "min): " + ", ".join(f"{name} {budget[name]}" for name in names), flush=True)
     if args.calibrate_only:
         return

@@ -6,9 +6,10 @@ other answers (400, 401, 413, a malformed body) fail at once. At most ``max_conc
 
 ``ServiceReward`` turns images ``[B, H, W, 3]`` or frames ``[B, F, H, W, 3]`` into requests (subclasses say how:
 ``serving/remote.py``, ``ocr/vlm.py``, ``judges/judge.py``, ``geneval/reward.py``) and back into a
-``RewardOutput``: frame scores are chunked like ``video_ocr``; an image whose request finally failed scores 0 and counts in ``errors``. With ``required: true`` such failures make
-``RewardOutput.failure`` non-empty when they hit every sample (the runner then stops after
-``runner.max_reward_error_steps`` steps); with ``required: false`` they are only counted.
+``RewardOutput``: frame scores are chunked like ``video_ocr``; an image whose request finally failed scores 0
+and counts in ``errors``. With ``required: true`` such failures make ``RewardOutput.failure`` non-empty when they
+hit every sample (the runner then stops after ``runner.max_reward_error_steps`` steps); with ``required: false``
+they are only counted.
 """
 
 from __future__ import annotations
