@@ -111,29 +111,53 @@ PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, to
 }
 
 
+def reference_scheduler(model: Any) -> Any:
+    """The scheduler the reference pipeline call samples with: the pipeline's own when it is a flow-matching Euler
+    scheduler and the recipe leaves ``shift`` to the pipeline's rule (the test then checks that rule too); Euler on
+    the pipeline scheduler's own grid when that scheduler is another solver (Wan's UniPC: the same schedule, a
+    different integrator than ``sampler: euler``); Euler on the plain shifted grid for a recipe's ``shift``."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    own = model.pipe.scheduler
+    shift = model.cfg.shift
+    if shift is None and type(own) is FlowMatchEulerDiscreteScheduler:
+        return own
+    if shift is None:
+        grid_fn = lambda num_steps: _solver_grid(own, num_steps)
+    else:
+        grid_fn = lambda num_steps: np.linspace(1.0, 0.0, num_steps + 1)[:-1]
+
+    class GridEulerScheduler(FlowMatchEulerDiscreteScheduler):
+        def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
+            grid = grid_fn(num_inference_steps or len(sigmas))
+            super().set_timesteps(sigmas=list(map(float, grid)), device=device)
+
+    return GridEulerScheduler(shift=float(shift) if shift is not None else 1.0)
+
+
+def _solver_grid(scheduler: Any, num_steps: int) -> np.ndarray:
+    """The first ``num_steps`` sigmas of ``scheduler``'s own grid at ``num_steps`` steps (a fresh copy)."""
+    fresh = type(scheduler).from_config(scheduler.config)
+    fresh.set_timesteps(num_steps, device="cpu")
+    return np.asarray(fresh.sigmas, dtype=np.float64)[:num_steps]
+
+
 @torch.no_grad()
 def pipeline_sample(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int, adapter: str | None = EMA_ADAPTER,
                     guidance_scale: float = 1.0) -> torch.Tensor:
     """The rollout of ``model.sample`` (Euler) through the diffusers pipeline's own ``__call__``; with
-    ``guidance_scale > 1``, the pipeline's own CFG with ``model.negative_cond`` as the negative prompt.
+    ``guidance_scale > 1``, the pipeline's own guidance with ``model.negative_cond`` as the negative prompt.
 
-    The pipeline's scheduler is swapped, for the call only, for a flow-matching Euler scheduler on the same
-    sigma grid, so the result equals ``sample(..., sampler="euler")`` (to float rounding of the grid).
+    The pipeline samples on its own schedule (:func:`reference_scheduler`), so the result equals
+    ``sample(..., sampler="euler")`` only if the family computes that schedule as its pipeline does.
     Returns x0 ``[B, *latent_shape]``.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    class GridEulerScheduler(FlowMatchEulerDiscreteScheduler):
-        def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
-            grid = np.linspace(1.0, 0.0, (num_inference_steps or len(sigmas)) + 1)[:-1]
-            super().set_timesteps(sigmas=grid.tolist(), device=device)
-
     call_kwargs, from_pipeline_latents = PIPELINE_CALLS[model.model_type]
     original = model.pipe.scheduler
-    model.pipe.scheduler = GridEulerScheduler(shift=float(model.cfg.shift))
+    model.pipe.scheduler = reference_scheduler(model)
     try:
         with model.use_adapter(adapter):
-            negative = model.negative_cond(noise.shape[0]) if guidance_scale > 1 else None
+            negative = model.negative_cond(noise.shape[0]) if guidance_scale > 1 and model.guidance == "cfg" else None
             kwargs = call_kwargs(model, cond, noise, guidance_scale, negative)
             out = model.pipe(**kwargs, num_inference_steps=num_steps, output_type="latent", return_dict=False)[0]
     finally:

@@ -170,26 +170,23 @@ def training_timesteps(
     return torch.linspace(1.0, 0.0, num_steps + 1, device=device, dtype=dtype)
 
 
-# algorithm.nft_train_timesteps -> (num_steps, shift) -> the N noise levels training draws t from, float32
-TRAIN_TIMESTEPS: dict[str, Callable[[int, float], Tensor]] = {
-    # RLinf: linspace(1, 0, N + 1)[:N], whatever the sampler's shift
-    "uniform": lambda num_steps, shift: training_timesteps(num_steps)[:num_steps],
-    # NVlabs' DiffusionNFT trainer: the sampler's own shifted sigmas (the scheduler's timesteps / 1000), the
-    # noise levels at which the rollout evaluated the policy
-    "sampler": lambda num_steps, shift: sigma_schedule(num_steps, shift)[:num_steps],
-}
+#: algorithm.nft_train_timesteps: where a training t is drawn from (:func:`training_grid`)
+TRAIN_TIMESTEPS = ("uniform", "sampler")
 
 
-def training_grid(kind: str, num_steps: int, shift: float = 1.0) -> Tensor:
-    """The ``[num_steps]`` noise levels a training t is drawn from (``algorithm.nft_train_timesteps``).
+def training_grid(kind: str, sampler_sigmas: Tensor) -> Tensor:
+    """The ``[N]`` noise levels a training t is drawn from (``algorithm.nft_train_timesteps``), N = the sampler's
+    steps, ``sampler_sigmas`` its ``[N + 1]`` grid.
 
-    ``uniform``: ``linspace(1, 0, N + 1)[:N]``; ``sampler``: ``sigma_schedule(N, shift)[:N]``, i.e.
-    ``σ' = shift·σ / (1 + (shift - 1)·σ)`` of the uniform grid. With ``shift = 1`` the two agree (up to one float32
-    rounding for some N: the shifted grid is computed in float64).
+    ``uniform``: ``linspace(1, 0, N + 1)[:N]`` whatever the sampler's schedule (RLinf); ``sampler``: the sampler's
+    own sigmas ``σ[:N]``, the noise levels at which the rollout evaluated the policy (NVlabs' DiffusionNFT trainer:
+    its scheduler's timesteps / 1000). On an unshifted grid the two agree (up to one float32 rounding for some N).
     """
     if kind not in TRAIN_TIMESTEPS:
         raise ValueError(f"unknown algorithm.nft_train_timesteps {kind!r}; valid: {sorted(TRAIN_TIMESTEPS)}")
-    return TRAIN_TIMESTEPS[kind](num_steps, shift)
+    num_steps = sampler_sigmas.numel() - 1
+    grid = training_timesteps(num_steps) if kind == "uniform" else sampler_sigmas.float().cpu()
+    return grid[:num_steps]
 
 
 def sample_xt(
@@ -211,7 +208,7 @@ def sample_xt(
         ``(x_t [B, ...] in x0's dtype, t [B] float32, noise [B, ...] in x0's dtype)``.
     """
     if isinstance(grid, int):
-        grid = training_grid("uniform", grid)
+        grid = training_timesteps(grid)[:grid]
     if grid.dim() != 1 or grid.numel() < 1:
         raise ValueError(f"grid must be 1-D with at least one noise level, got shape {tuple(grid.shape)}")
     grid, num_levels = grid.to(device=x0.device, dtype=torch.float32), grid.numel()

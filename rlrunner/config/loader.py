@@ -21,7 +21,7 @@ from rlrunner.config.errors import RecipeError  # also imported from here by cal
 from rlrunner.config.paths import make_paths_absolute
 from rlrunner.config.rlinf import translate
 from rlrunner.config.schema import RecipeConfig
-from rlrunner.config.validate import validate
+from rlrunner.config.validate import resolve_model_type, validate
 
 logger = logging.getLogger("rlrunner")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
@@ -137,6 +137,7 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
                           f"{str(err).splitlines()[0]}") from None
     if not cfg.runner.logger.experiment_name:  # a run's identity for runner.resume_dir=auto
         cfg.runner.logger.experiment_name = path.stem
+    resolve_model_type(cfg, base_dir=Path(os.getcwd()))
     validate(cfg, base_dir=Path(os.getcwd()), check_datasets=check_datasets)
     make_paths_absolute(cfg, Path(os.getcwd()))  # workers run elsewhere: relative paths mean nothing there
     OmegaConf.set_readonly(cfg, True)

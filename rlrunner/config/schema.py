@@ -242,12 +242,19 @@ class FamilyConfig:
     num_frames: int = 1  # video families: 4k + 1; 1 = image
     num_steps: int = 10
     eval_num_steps: int = 40
+    # how guidance reaches the denoiser: cfg (two passes, combined by the family's rule) | embedded (guidance is a
+    # model input, one pass: FLUX.1-dev) | none (guidance-distilled: FLUX.1-schnell, Z-Image-Turbo; guidance_scale
+    # must be 1) | auto (the family's default for the loaded model); the family lists the kinds it supports
+    guidance: str = "auto"
     guidance_scale: float = 1.0
     eval_guidance_scale: float = 1.0
     negative_prompt: str = ""
     train_sampler: str = "dpm2"  # euler | dpm2
     eval_sampler: str = "euler"
-    shift: float = 3.0  # SD3-style sigma shift of the sampling schedule
+    # sampling schedule: null = the one the family's pipeline computes from the model folder's scheduler config
+    # (static shift, or shifted by the image's token count: FLUX, Qwen-Image); a number = the plain shifted grid
+    # shift*s / (1 + (shift - 1)*s) on linspace(1, 0, num_steps + 1), whatever the folder says
+    shift: Any = None
     max_sequence_length: int = 256
     condition_mode: str = "t2v"
     use_lora: bool = True
@@ -276,7 +283,7 @@ class ModelConfig:
     )
     sd3: FamilyConfig = field(default_factory=lambda: FamilyConfig(resolution=512, max_sequence_length=256))
     wan22_ti2v_5b: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=[704, 1280], shift=5.0, max_sequence_length=512)
+        default_factory=lambda: FamilyConfig(resolution=[704, 1280], max_sequence_length=512)
     )
     qwen_image: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(resolution=512, lora_rank=64, lora_alpha=128, max_sequence_length=512)

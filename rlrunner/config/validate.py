@@ -59,7 +59,9 @@ def _check_flow_grpo(cfg: DictConfig) -> None:
     if family.train_sampler != "euler":
         _fail(f"{key}.train_sampler={family.train_sampler!r} but algorithm.name=flow_grpo samples with Euler(-Maruyama) "
               f"steps (SDE on the trained steps, Euler elsewhere); set {key}.train_sampler=euler")
-    if family.guidance_scale > 1:
+    from rlrunner.models import model_class
+
+    if family.guidance_scale > 1 and model_class(cfg.actor.model.model_type).resolved_guidance(family) == "cfg":
         _fail(f"{key}.guidance_scale={family.guidance_scale} but algorithm.name=flow_grpo trains without classifier-free "
               f"guidance (its loss recomputes the sampled step's unguided log-probability); set {key}.guidance_scale=1")
     if alg.adv_type != "grpo":
@@ -110,6 +112,61 @@ def _check_model(cfg: DictConfig, base_dir: Path) -> None:
     if is_local_path(model.model_path, base_dir) and not (base_dir / Path(model.model_path).expanduser()).exists():
         _fail(f"actor.model.model_path={model.model_path!r} does not exist (relative paths are taken from "
               f"{base_dir}); point it at a diffusers folder or use a hub id like org/name")
+
+
+def resolve_model_type(cfg: DictConfig, base_dir: Path) -> None:
+    """``actor.model.model_type: auto`` becomes the family that knows the local folder's ``model_index.json``
+    (:func:`rlrunner.models.detect_model_type`); relative paths are taken from ``base_dir``."""
+    model = cfg.actor.model
+    if model.model_type != "auto":
+        return
+    from rlrunner.models import detect_model_type
+
+    path = base_dir / Path(model.model_path).expanduser() if model.model_path else Path()
+    try:
+        model.model_type = detect_model_type(str(path) if model.model_path and path.exists() else model.model_path)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+
+
+def _check_family(cfg: DictConfig, base_dir: Path) -> None:
+    """The family supports the recipe's guidance kind, and a local model folder (its ``model_index.json``) is one
+    the family loads, at a resolution that patches evenly (hub ids are checked when a worker loads them)."""
+    from rlrunner.models import model_class
+    from rlrunner.models.loading import read_model_index
+
+    model = cfg.actor.model
+    family, family_cfg, key = model_class(model.model_type), model[model.model_type], f"actor.model.{model.model_type}"
+    try:
+        kind = family.resolved_guidance(family_cfg)
+    except ValueError as err:
+        _fail(str(err))
+    if kind == "none" and (family_cfg.guidance_scale != 1 or family_cfg.eval_guidance_scale != 1):
+        _fail(f"{key}.guidance=none samples without guidance, but guidance_scale={family_cfg.guidance_scale} / "
+              f"eval_guidance_scale={family_cfg.eval_guidance_scale}; set both to 1.0 or choose another guidance")
+    folder = base_dir / Path(model.model_path).expanduser()
+    if not (folder / "model_index.json").is_file():
+        return  # a hub id, or a folder the loading worker reports on (it may exist only on the GPU nodes)
+    try:
+        index = read_model_index(str(folder))
+        family.check_model_index(index, f"actor.model.model_path={model.model_path!r}")
+        family.sample_shapes(family_cfg, {"model_index": index, **_component_configs(folder, index)})
+    except KeyError:
+        return  # a layout the family's shape rules do not read here; loading the model reports what is wrong
+    except (ValueError, FileNotFoundError) as err:
+        _fail(f"{key}: {err}" if not str(err).startswith("actor.model") else str(err))
+
+
+def _component_configs(folder: Path, index: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``<component>/config.json`` of each model component ``model_index.json`` lists (what shape rules read)."""
+    import json
+
+    configs = {}
+    for name in index:
+        path = folder / name / "config.json"
+        if not name.startswith("_") and path.is_file():
+            configs[name] = json.loads(path.read_text())
+    return configs
 
 
 def _reward_parts(cfg: DictConfig, split: str) -> list[tuple[str, dict[str, Any]]]:
@@ -232,6 +289,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_awm(cfg)
     _check_resume(cfg)
     _check_model(cfg, base_dir)
+    _check_family(cfg, base_dir)
     _check_logger(cfg)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)

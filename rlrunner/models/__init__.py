@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from rlrunner.models.base import FlowModel
+from rlrunner.models.loading import read_model_index
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER
 from rlrunner.utils.device import resolve_device, resolve_dtype
 from rlrunner.utils.registry import lazy_class
@@ -25,6 +26,25 @@ MODEL_FAMILIES: dict[str, str] = {
 
 def model_class(model_type: str) -> type[FlowModel]:
     return lazy_class(MODEL_FAMILIES, model_type, "actor.model.model_type")
+
+
+def detect_model_type(model_path: str) -> str:
+    """``model_type: auto``: the family whose :meth:`~FlowModel.matches_model_index` accepts the local folder's
+    ``model_index.json`` (its pipeline ``_class_name``, and for Wan which variant). Raises ``ValueError`` naming the
+    class when no family (or more than one) knows it, and for a hub id, whose index is not on this machine."""
+    index = read_model_index(model_path)
+    if index is None:
+        raise ValueError(f"actor.model.model_type=auto reads model_index.json of a local folder, but "
+                         f"actor.model.model_path={model_path!r} is a hub id; set model_type to one of "
+                         f"{sorted(MODEL_FAMILIES)} or download the folder first")
+    found = [name for name in MODEL_FAMILIES if model_class(name).matches_model_index(index)]
+    if len(found) != 1:
+        class_name = index.get("_class_name", "unknown")
+        known = sorted({model_class(name).pipeline_class_name for name in MODEL_FAMILIES})
+        what = "no family here knows it" if not found else f"several families accept it ({found})"
+        raise ValueError(f"actor.model.model_path={model_path!r} holds a {class_name} pipeline and {what}; "
+                         f"model_type auto knows {', '.join(known)} (families {sorted(MODEL_FAMILIES)})")
+    return found[0]
 
 
 def build_model(model_cfg: Any, denoiser_only: bool = False) -> FlowModel:
@@ -46,5 +66,5 @@ def local_model_paths(model_cfg: Any) -> dict[str, str]:
     return {key: str(path) for key, path in paths.items() if path and os.path.isabs(str(path))}
 
 
-__all__ = ["ADAPTERS", "EMA_ADAPTER", "MODEL_FAMILIES", "TRAINED_ADAPTER", "FlowModel", "build_model", "local_model_paths",
-           "model_class"]
+__all__ = ["ADAPTERS", "EMA_ADAPTER", "MODEL_FAMILIES", "TRAINED_ADAPTER", "FlowModel", "build_model",
+           "detect_model_type", "local_model_paths", "model_class"]

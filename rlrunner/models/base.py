@@ -23,8 +23,13 @@ from torch import nn
 from rlrunner.algorithms.samplers import VelocityFn, VelocityObserver, sample_flow, sigma_schedule
 from rlrunner.models.loading import load_family_pipeline
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters, saved_config, write_lora
+from rlrunner.models.schedules import pipeline_sigmas
 
 Cond = dict[str, torch.Tensor]
+#: how guidance reaches a denoiser (``actor.model.<family>.guidance``; ``auto``: the family's default):
+#: ``cfg`` two passes (negative and conditional) combined by :meth:`FlowModel.combine_guidance`; ``embedded`` the
+#: scale is a model input, one pass (FLUX.1-dev); ``none`` one pass, no guidance (distilled models)
+GUIDANCE_KINDS = ("auto", "cfg", "embedded", "none")
 
 
 # ---------------------------------------------------------------------------------------------- loading helpers
@@ -84,6 +89,9 @@ class FlowModel(abc.ABC):
     lora_component: str = "transformer"
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
+    #: the guidance kinds (:data:`GUIDANCE_KINDS` but ``auto``) this family's pipeline supports; the first is the
+    #: default that ``guidance: auto`` picks unless :meth:`default_guidance` knows better from the loaded model
+    guidance_kinds: tuple[str, ...] = ("cfg",)
 
     def __init__(self, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         self.cfg = family_cfg
@@ -94,6 +102,8 @@ class FlowModel(abc.ABC):
         self.vae: nn.Module | None = None
         self.lora: LoraAdapters | None = None
         self._negative_cond: Cond | None = None
+        # num_steps -> the schedule as float32 values (a pipeline's rule builds a scheduler: done once per step count)
+        self._sigmas: dict[int, tuple[float, ...]] = {}
 
     @classmethod
     def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
@@ -103,6 +113,48 @@ class FlowModel(abc.ABC):
         pipe = load_family_pipeline(cls, model_path, dtype, denoiser_only)
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, family_cfg, device=device, dtype=dtype)
+
+    @classmethod
+    def check_model_index(cls, index: dict[str, Any], where: str) -> None:
+        """Refuse a ``model_index.json`` (``index``, read from ``where``) that this family cannot load, with one
+        line; families with more requirements (a second expert) extend it."""
+        found = index.get("_class_name", "")
+        if found != cls.pipeline_class_name:
+            raise ValueError(f"{where} holds a {found or 'unknown'} pipeline, but model_type {cls.model_type!r} "
+                             f"expects a {cls.pipeline_class_name}; fix model_type (or use auto) or the path")
+
+    @classmethod
+    def matches_model_index(cls, index: dict[str, Any]) -> bool:
+        """Whether ``model_type: auto`` picks this family for a folder with this ``model_index.json``."""
+        try:
+            cls.check_model_index(index, "model_index.json")
+        except ValueError:
+            return False
+        return True
+
+    @classmethod
+    def resolved_guidance(cls, family_cfg: Any) -> str:
+        """The recipe's guidance kind, ``auto`` read as the family's default; a kind the family lacks is a
+        ``ValueError`` naming the kinds it has."""
+        kind = str(getattr(family_cfg, "guidance", "auto"))
+        if kind == "auto":
+            return cls.guidance_kinds[0]
+        if kind not in cls.guidance_kinds:
+            raise ValueError(f"actor.model.{cls.model_type}.guidance={kind!r} is not supported by this family; "
+                             f"choose one of {['auto', *cls.guidance_kinds]}")
+        return kind
+
+    @property
+    def guidance(self) -> str:
+        """The guidance kind in force: the recipe's, or :meth:`default_guidance` for ``auto``."""
+        if str(getattr(self.cfg, "guidance", "auto")) == "auto":
+            return self.default_guidance()
+        return self.resolved_guidance(self.cfg)
+
+    def default_guidance(self) -> str:
+        """``guidance: auto`` on the loaded model (a family whose variants differ, e.g. FLUX.1-dev / schnell,
+        overrides this)."""
+        return self.guidance_kinds[0]
 
     # ------------------------------------------------------------------ family-specific
     @property
@@ -115,8 +167,15 @@ class FlowModel(abc.ABC):
         """Text conditioning for ``prompts``; every tensor is batch-first ``[B, ...]`` on ``self.device``."""
 
     @abc.abstractmethod
-    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
-        """One denoiser call with whatever adapter is active. ``t``: ``[B]`` sigmas in [0, 1]."""
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond,
+                          guidance: torch.Tensor | None = None) -> torch.Tensor:
+        """One denoiser call with whatever adapter is active. ``t``: ``[B]`` sigmas in [0, 1]; ``guidance``: ``[B]``
+        float32 scales for ``embedded`` guidance (``None`` otherwise)."""
+
+    def schedule_kwargs(self, num_steps: int) -> dict[str, Any]:
+        """The family's schedule rule: what its pipeline passes to ``scheduler.set_timesteps`` for ``num_steps``
+        (:mod:`rlrunner.models.schedules`); the default is the scheduler's own spacing (SD3, Wan)."""
+        return {"num_inference_steps": num_steps}
 
     @abc.abstractmethod
     def decode(self, latents: torch.Tensor) -> np.ndarray:
@@ -159,8 +218,16 @@ class FlowModel(abc.ABC):
             raise RuntimeError(f"velocity(adapter={adapter!r}) with gradients and gradient checkpointing would be "
                                f"recomputed with the {TRAINED_ADAPTER!r} adapter in backward; wrap it in "
                                f"torch.no_grad()")
+        # embedded guidance is part of the policy: trained at the scale the training rollouts used
+        guidance = self._embedded_guidance(float(self.cfg.guidance_scale), t)
         with self.use_adapter(adapter):
-            return self._predict_velocity(latents, t, cond).to(latents.dtype)
+            return self._predict_velocity(latents, t, cond, guidance).to(latents.dtype)
+
+    def _embedded_guidance(self, guidance_scale: float, t: torch.Tensor) -> torch.Tensor | None:
+        """``[B]`` float32 guidance input for ``embedded`` guidance, else ``None``."""
+        if self.guidance != "embedded":
+            return None
+        return torch.full(t.shape, guidance_scale, dtype=torch.float32, device=t.device)
 
     @torch.no_grad()
     def sample(
@@ -188,18 +255,40 @@ class FlowModel(abc.ABC):
                                return_trajectory=return_trajectory, observer=observer)
 
     def sigmas(self, num_steps: int, device: torch.device | str | None = None) -> torch.Tensor:
-        """The sampling grid ``[num_steps + 1]`` from 1 to 0, shifted by the family's ``shift``."""
-        return sigma_schedule(num_steps, shift=float(self.cfg.shift), device=device)
+        """The sampling grid ``[num_steps + 1]`` (float32, 1 to 0): the pipeline's own schedule from the model
+        folder's scheduler (:meth:`schedule_kwargs`), or the plain grid shifted by the recipe's ``shift``."""
+        if num_steps not in self._sigmas:
+            shift = getattr(self.cfg, "shift", None)
+            if shift is not None:
+                sigmas = sigma_schedule(num_steps, shift=float(shift))
+            else:
+                scheduler = getattr(getattr(self, "pipe", None), "scheduler", None)
+                if scheduler is None:
+                    raise ValueError(f"actor.model.{self.model_type}.shift is null but this model has no scheduler to "
+                                     f"take the schedule from; set shift to a number")
+                sigmas = pipeline_sigmas(scheduler, self.schedule_kwargs(num_steps))
+            self._sigmas[num_steps] = tuple(sigmas.tolist())
+        return torch.tensor(self._sigmas[num_steps], dtype=torch.float32, device=device)
 
     def guided_velocity_fn(self, cond: Cond, guidance_scale: float = 1.0,
                            negative_cond: Cond | None = None) -> VelocityFn:
         """``(x [B, ...], t [B]) -> v`` with whatever adapter is active, for the samplers.
 
-        Classifier-free guidance (``guidance_scale > 1``) runs the ``negative_cond`` and conditional halves in one
-        batched call and combines them with :meth:`combine_guidance`; ``negative_cond`` defaults to
-        ``cfg.negative_prompt`` and may have batch 1.
+        By :attr:`guidance`: ``cfg`` with ``guidance_scale > 1`` runs the ``negative_cond`` and conditional halves
+        in one batched call and combines them with :meth:`combine_guidance` (``negative_cond`` defaults to
+        ``cfg.negative_prompt`` and may have batch 1); ``embedded`` passes the scale to the denoiser; ``none``
+        (or a scale of 1) is one plain pass.
         """
-        use_cfg = guidance_scale > 1.0
+        kind = self.guidance
+        if kind == "none" and guidance_scale != 1.0:
+            raise ValueError(f"guidance_scale={guidance_scale} on a model sampled without guidance "
+                             f"(actor.model.{self.model_type}.guidance=none); use 1.0")
+        if kind == "embedded":
+            def embedded_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                return self._predict_velocity(x.to(self.dtype), t, cond, self._embedded_guidance(guidance_scale, t))
+
+            return embedded_fn
+        use_cfg = kind == "cfg" and guidance_scale > 1.0
         if use_cfg:
             batch = next(iter(cond.values())).shape[0]
             negative_cond = negative_cond if negative_cond is not None else self.negative_cond(1)
@@ -290,6 +379,7 @@ class FlowModel(abc.ABC):
     def _setup_transformer(self) -> None:
         """Freeze, optionally checkpoint, add the LoRA adapters (and load ``lora_path``), place on device."""
         self.transformer.requires_grad_(False).eval()
+        _ = self.guidance  # a kind the family lacks fails here, at load, as well as in the recipe check
         if self._option("gradient_checkpointing"):
             self.transformer.enable_gradient_checkpointing()
         if self.cfg.use_lora:
@@ -301,7 +391,15 @@ class FlowModel(abc.ABC):
     # ------------------------------------------------------------------ LoRA adapters (models/lora.py)
     def _add_lora_adapters(self, rank: int, alpha: int) -> None:
         """Put the ``default`` and ``ema`` LoRA adapters (same init, float32) on the denoiser, base frozen."""
-        self.lora = LoraAdapters(self.transformer, self.lora_target_modules, rank, alpha)
+        self.lora = LoraAdapters(self.transformer, self.lora_target_modules, rank, alpha,
+                                 exclude_modules=self.lora_exclude_modules(self.transformer))
+
+    @classmethod
+    def lora_exclude_modules(cls, denoiser: nn.Module) -> tuple[str, ...]:
+        """Modules of ``denoiser`` among the LoRA targets whose output it discards (no adapter there: it would never
+        get a gradient, and DDP cannot reduce a parameter without one); none by default. A classmethod, so that the
+        memory plan counts the same adapter on a meta-device denoiser."""
+        return ()
 
     def use_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         """Run the block with ``adapter`` active (``None``: base model), then restore ``default``."""

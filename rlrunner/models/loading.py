@@ -21,30 +21,40 @@ from torch import nn
 DENOISER_PARTS = ("transformer", "scheduler")
 
 
-def check_model_path(model_path: str, pipeline_class_name: str, model_type: str) -> str:
-    """Validate ``actor.model.model_path``: a local diffusers pipeline folder, or a hub id ``org/name``.
+def read_model_index(model_path: str) -> dict[str, Any] | None:
+    """``model_index.json`` of a local diffusers folder (``None`` for a hub id, which is read when it is loaded).
 
-    Raises ``ValueError`` (empty, or a folder of another pipeline class) or ``FileNotFoundError`` (a local path
-    that does not exist or lacks ``model_index.json``), each naming the path.
+    Raises ``ValueError`` (empty path, unreadable index) or ``FileNotFoundError`` (a local path that does not exist
+    or lacks ``model_index.json``), each naming the path.
     """
     if not model_path:
-        raise ValueError(f"actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
-                         f"(a {pipeline_class_name} checkpoint for model_type {model_type!r})")
+        raise ValueError("actor.model.model_path is empty; set it to a local diffusers folder or a hub id 'org/name'")
     path = Path(model_path).expanduser()
     if path.is_dir():
         index = path / "model_index.json"
         if not index.is_file():
             raise FileNotFoundError(f"actor.model.model_path {model_path!r} has no model_index.json: it is not a "
-                                    f"diffusers pipeline folder (save one with {pipeline_class_name}.save_pretrained)")
-        found = json.loads(index.read_text()).get("_class_name", "")
-        if found != pipeline_class_name:
-            raise ValueError(f"actor.model.model_path {model_path!r} holds a {found or 'unknown'} pipeline, but "
-                             f"model_type {model_type!r} expects a {pipeline_class_name}; fix model_type or the path")
-        return str(path)
+                                    f"diffusers pipeline folder (save one with the pipeline's save_pretrained)")
+        try:
+            return json.loads(index.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"actor.model.model_path {model_path!r}: model_index.json cannot be read as JSON "
+                             f"({str(err).splitlines()[0]})") from None
     if model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1 or path.exists():
         raise FileNotFoundError(f"actor.model.model_path {model_path!r} does not exist; expected a local diffusers "
                                 f"folder with model_index.json or a hub id 'org/name'")
-    return model_path
+    return None
+
+
+def check_model_path(model_path: str, family: Any) -> str:
+    """Validate ``actor.model.model_path`` for ``family`` (a FlowModel class): a local diffusers folder whose
+    ``model_index.json`` the family accepts (:meth:`~rlrunner.models.base.FlowModel.check_model_index`), or a hub
+    id ``org/name``. Returns the path to load from."""
+    index = read_model_index(model_path)
+    if index is None:
+        return model_path
+    family.check_model_index(index, f"actor.model.model_path {model_path!r}")
+    return str(Path(model_path).expanduser())
 
 
 def load_pipeline(pipeline_cls: type, model_path: str, method: str = "from_pretrained", **kwargs: Any) -> Any:
@@ -65,7 +75,7 @@ def load_family_pipeline(family: Any, model_path: str, dtype: torch.dtype, denoi
     :data:`DENOISER_PARTS`."""
     import diffusers
 
-    path = check_model_path(model_path, family.pipeline_class_name, family.model_type)
+    path = check_model_path(model_path, family)
     pipeline_cls = getattr(diffusers, family.pipeline_class_name)
     if not denoiser_only:
         vae = load_pipeline(getattr(diffusers, family.vae_class_name), path, subfolder="vae", dtype=torch.float32)

@@ -39,11 +39,14 @@ _SAVED_CONFIG_KEYS = ("r", "lora_alpha", "target_modules", "init_lora_weights", 
                       "use_dora")
 
 
-def lora_config(target_modules: tuple[str, ...], rank: int, alpha: int, init: str | bool = "gaussian") -> Any:
-    """peft's ``LoraConfig`` for one adapter of rank ``rank`` and scale ``alpha / rank`` on ``target_modules``."""
+def lora_config(target_modules: tuple[str, ...], rank: int, alpha: int, init: str | bool = "gaussian",
+                exclude_modules: tuple[str, ...] = ()) -> Any:
+    """peft's ``LoraConfig`` for one adapter of rank ``rank`` and scale ``alpha / rank`` on ``target_modules``, but
+    not on ``exclude_modules`` (full module names or suffixes)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=init, target_modules=list(target_modules))
+    return LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=init, target_modules=list(target_modules),
+                      exclude_modules=list(exclude_modules) or None)
 
 
 def lora_digest(state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -90,11 +93,13 @@ def write_lora(directory: str, state: dict[str, torch.Tensor], config: dict[str,
     pipeline, spares the pipeline's other imports; its ``save_lora_weights`` is a classmethod); ``component`` is
     the pipeline's name of the denoiser (``transformer``, or ``unet`` whose files use diffusers' older key names).
     ``config`` (:meth:`LoraAdapters.config_dict`) goes into the safetensors metadata, so the loader applies the
-    same ``alpha / rank`` scale as training did.
+    same ``alpha / rank`` scale as training did; its targets are the modules the file holds (not the family's
+    target suffixes, which also match modules a family leaves without LoRA: the loader would add empty ones).
     """
     import diffusers.loaders
     from diffusers.utils import convert_state_dict_to_diffusers
 
+    config = {**config, "target_modules": sorted({key.rsplit(".lora_", 1)[0] for key in state})}
     if component == "unet":
         state = convert_state_dict_to_diffusers(state)
     state = {k: v.contiguous() for k, v in state.items()}
@@ -110,16 +115,19 @@ class LoraAdapters:
         denoiser: a diffusers ``ModelMixin`` (``add_adapter`` / ``peft_config``), modified in place.
         target_modules: module name suffixes that get LoRA (the family's ``lora_target_modules``).
         rank, alpha: LoRA rank and alpha (scale ``alpha / rank``).
+        exclude_modules: targets that get no LoRA (modules whose output the model discards: a LoRA there never
+            receives a gradient, which data-parallel engines cannot reduce).
+    Saved files carry only the adapted modules' tensors; diffusers' loader injects LoRA where the file has keys.
     After construction ``default`` is active and trainable; ``ema`` holds a copy of it and never trains.
     """
 
     def __init__(self, denoiser: nn.Module, target_modules: tuple[str, ...], rank: int, alpha: int,
-                 init: str | bool = "gaussian") -> None:
+                 init: str | bool = "gaussian", exclude_modules: tuple[str, ...] = ()) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         self.denoiser = denoiser
         denoiser.requires_grad_(False)
-        config = lora_config(target_modules, rank, alpha, init)
+        config = lora_config(target_modules, rank, alpha, init, exclude_modules)
         with warnings.catch_warnings():  # two adapters on one model is the point here, not a mistake
             warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
             for name in ADAPTERS:

@@ -30,6 +30,7 @@ from rlrunner.models.base import (
     vae_latent_stats,
 )
 from rlrunner.models.lora import MMDIT_LORA_TARGETS
+from rlrunner.models.schedules import token_shift_kwargs
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 
@@ -75,6 +76,16 @@ class QwenImageFlowModel(FlowModel):
         self._setup_transformer()
 
     @classmethod
+    def lora_exclude_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:
+        """The last block's text-stream output projection: the transformer drops the text stream after it."""
+        return (f"transformer_blocks.{len(denoiser.transformer_blocks) - 1}.attn.to_add_out",)
+
+    def schedule_kwargs(self, num_steps: int) -> dict[str, Any]:
+        """The pipeline's rule: sigmas ``linspace(1, 1/N, N)`` shifted by ``exp(mu)``, ``mu`` from the image's token
+        count (and stretched to the config's ``shift_terminal``)."""
+        return token_shift_kwargs(dict(self.pipe.scheduler.config), num_steps, self.shapes.image_tokens)
+
+    @classmethod
     def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:
         """Shapes at ``family_cfg``'s settings from the component configs, by the pipeline's rules.
 
@@ -113,7 +124,8 @@ class QwenImageFlowModel(FlowModel):
 
         return {k: torch.cat([pad(c[k]) for c in conds]) for k in ("prompt_embeds", "prompt_mask")}
 
-    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond,
+                          guidance: torch.Tensor | None = None) -> torch.Tensor:
         """latents ``[B, C, h, w]``, t ``[B]`` sigmas -> v ``[B, C, h, w]`` (model dtype)."""
         batch, _, h, w = latents.shape
         mask = cond.get("prompt_mask")

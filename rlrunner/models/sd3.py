@@ -82,7 +82,8 @@ class SD3FlowModel(FlowModel):
             )
         return {"prompt_embeds": embeds.to(self.dtype), "pooled_prompt_embeds": pooled.to(self.dtype)}
 
-    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond,
+                          guidance: torch.Tensor | None = None) -> torch.Tensor:
         """latents ``[B, C, h, w]``, t ``[B]`` sigmas -> v ``[B, C, h, w]`` (model dtype)."""
         return self.transformer(
             hidden_states=latents.to(self.dtype),

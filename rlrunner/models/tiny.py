@@ -66,6 +66,13 @@ class TinyFlowModel(FlowModel):
         self.shapes = self.sample_shapes(family_cfg, {"model_index": index, "text_encoder": text_config})
 
     @classmethod
+    def check_model_index(cls, index: dict[str, Any], where: str) -> None:
+        """A folder written by ``scripts/pretrain_tiny.py`` (its index names the family, not a diffusers pipeline)."""
+        if index.get("_rlrunner_family") != cls.model_type:
+            raise ValueError(f"{where} holds a {index.get('_class_name', 'unknown')} pipeline, not the tiny model "
+                             f"that scripts/pretrain_tiny.py writes; fix model_type (or use auto) or the path")
+
+    @classmethod
     def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
              denoiser_only: bool = False) -> TinyFlowModel:
         """Load the folder written by ``scripts/pretrain_tiny.py`` and add the LoRA adapters.
@@ -121,7 +128,8 @@ class TinyFlowModel(FlowModel):
             emb = self.text_encoders["text_encoder"].encode(list(prompts))
         return {"text_emb": emb.to(self.device, self.dtype)}
 
-    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond,
+                          guidance: torch.Tensor | None = None) -> torch.Tensor:
         """latents ``[B, 1, H, W]``, t ``[B]`` sigmas in [0, 1] -> velocity ``[B, 1, H, W]``."""
         return tiny_velocity(self.transformer, latents.to(self.dtype), t.to(latents.device), cond["text_emb"])
 

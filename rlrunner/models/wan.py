@@ -128,7 +128,8 @@ class WanFlowModel(FlowModel):
         seq_len = frames * (height // self.patch_size[1]) * (width // self.patch_size[2])
         return timestep[:, None].expand(-1, seq_len)
 
-    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+    def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond,
+                          guidance: torch.Tensor | None = None) -> torch.Tensor:
         """latents ``[B, C, F', h, w]``, t ``[B]`` sigmas -> v ``[B, C, F', h, w]`` (model dtype)."""
         return self.transformer(
             hidden_states=latents.to(self.dtype),

@@ -82,7 +82,7 @@ class NFTObjective(Objective):
             if self._cache_is_exact(micro):
                 v_old = micro.tensors["nft_v_old"][:, micro.draw].to(device)
         else:
-            grid = training_grid(alg.nft_train_timesteps, int(self.family.num_steps), float(self.family.shift))
+            grid = training_grid(alg.nft_train_timesteps, model.sigmas(int(self.family.num_steps)))
             x_t, t, _ = sample_xt(micro.x0, grid, generator=micro.generators)
         # float32 latents: the model casts its input to its own dtype and returns velocities in the input's
         # dtype, so the NFT loss runs in float32 even for a bf16 transformer

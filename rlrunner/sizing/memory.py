@@ -136,7 +136,7 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
         text_encoder_bytes=text_encoders,
         vae_bytes=module_bytes(build_on_meta(components[VAE_NAME]), FP32) if VAE_NAME in components else 0,
         lora_params=lora_parameter_count(denoiser, family.lora_target_modules, int(family_cfg.lora_rank),
-                                         int(family_cfg.lora_alpha)),
+                                         int(family_cfg.lora_alpha), family.lora_exclude_modules(denoiser)),
         shapes=shapes,
         hidden_size=heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else None,
         num_layers=config.get("num_layers") if denoiser_name == "transformer" else None,

@@ -147,15 +147,17 @@ def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
     return total
 
 
-def lora_parameter_count(denoiser: nn.Module, target_modules: tuple[str, ...], rank: int, alpha: int) -> int:
+def lora_parameter_count(denoiser: nn.Module, target_modules: tuple[str, ...], rank: int, alpha: int,
+                         exclude_modules: tuple[str, ...] = ()) -> int:
     """Parameters of one LoRA adapter on ``denoiser`` (a meta module; modified in place).
 
     The adapter is added with the same config as :class:`~rlrunner.models.lora.LoraAdapters` (diffusers'
-    ``add_adapter`` with :func:`~rlrunner.models.lora.lora_config` on the family's targets), so the count is peft's.
+    ``add_adapter`` with :func:`~rlrunner.models.lora.lora_config` on the family's targets and exclusions), so the
+    count is peft's.
     """
     from rlrunner.models.lora import lora_config
 
-    config = lora_config(target_modules, rank, alpha)
+    config = lora_config(target_modules, rank, alpha, exclude_modules=exclude_modules)
     with torch.device("meta"):
         denoiser.add_adapter(config, adapter_name="default")
     return sum(p.numel() for n, p in denoiser.named_parameters() if ".default." in n)

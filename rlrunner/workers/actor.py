@@ -203,8 +203,8 @@ class ActorWorker:
         with self.on_device():
             for name, lora in state["adapters"].items():
                 self.model.load_lora_state_dict(name, lora)
-            # strict=False: a LoRA tensor that never gets a gradient has no AdamW state to save or to load
-            # (Qwen-Image discards its last block's text stream, so the LoRA of that block's to_add_out never trains)
+            # strict=False: a LoRA tensor that never got a gradient has no AdamW state to save or to load (an expert
+            # that no sample has reached yet)
             set_optimizer_state_dict(self.model.transformer, self.optimizer, state["optimizer"],
                                      options=StateDictOptions(full_state_dict=True, strict=False))
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
