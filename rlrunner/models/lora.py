@@ -34,6 +34,14 @@ MMDIT_LORA_TARGETS = (
     "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
 )
 
+def last_block_text_stream(denoiser: nn.Module, projections: tuple[str, ...]) -> tuple[str, ...]:
+    """The LoRA targets ``attn.<projection>`` of the last of ``denoiser.transformer_blocks``: an MMDiT's text stream
+    ends there, so the projections that only feed the text output (its queries; its output projection, where the
+    block has one) never get a gradient."""
+    last = len(denoiser.transformer_blocks) - 1
+    return tuple(f"transformer_blocks.{last}.attn.{name}" for name in projections)
+
+
 #: the LoraConfig fields written into a saved file's metadata (what a loader needs to apply the same scale)
 _SAVED_CONFIG_KEYS = ("r", "lora_alpha", "target_modules", "init_lora_weights", "lora_dropout", "bias", "use_rslora",
                       "use_dora")

@@ -29,7 +29,7 @@ from rlrunner.models.base import (
     to_uint8,
     vae_latent_stats,
 )
-from rlrunner.models.lora import MMDIT_LORA_TARGETS
+from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.schedules import token_shift_kwargs
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
@@ -77,8 +77,8 @@ class QwenImageFlowModel(FlowModel):
 
     @classmethod
     def lora_exclude_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:
-        """The last block's text-stream output projection: the transformer drops the text stream after it."""
-        return (f"transformer_blocks.{len(denoiser.transformer_blocks) - 1}.attn.to_add_out",)
+        """The last block's text queries and text output projection: the transformer drops the text stream after it."""
+        return last_block_text_stream(denoiser, ("add_q_proj", "to_add_out"))
 
     def schedule_kwargs(self, num_steps: int) -> dict[str, Any]:
         """The pipeline's rule: sigmas ``linspace(1, 1/N, N)`` shifted by ``exp(mu)``, ``mu`` from the image's token

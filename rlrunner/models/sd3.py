@@ -20,7 +20,7 @@ from rlrunner.models.base import (
     resolution_hw,
     to_uint8,
 )
-from rlrunner.models.lora import MMDIT_LORA_TARGETS
+from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 CLIP_TOKENS = 77  # the SD3 pipeline's CLIP tokenizer length when it has no tokenizer to ask
@@ -51,6 +51,11 @@ class SD3FlowModel(FlowModel):
         if int(family_cfg.max_sequence_length) > 512:
             raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
         self._setup_transformer()
+
+    @classmethod
+    def lora_exclude_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:
+        """The last block's text queries: that block is ``context_pre_only`` (its text output is never computed)."""
+        return last_block_text_stream(denoiser, ("add_q_proj",))
 
     @classmethod
     def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:

@@ -13,6 +13,7 @@ image, so random-weight models train.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -108,3 +109,43 @@ def test_family_trains_checkpoints_and_resumes_bitwise(model_type, algorithm, ti
     ours_metrics, theirs = train_metrics(resumed)[0], train_metrics(whole)[1]
     for key in ("env/avg", "train/actor/grad_norm"):
         assert ours_metrics[key] == theirs[key], key
+    if algorithm == "nft":
+        _export_loads_into_the_pipeline(model_type, folder, whole, tmp_path / "export")
+
+
+def _export_loads_into_the_pipeline(model_type: str, folder: Path, log_dir: Path, out: Path) -> None:
+    """``bin/rlrunner export`` of the run loads into ``DiffusionPipeline.from_pretrained(folder)`` with the
+    pipeline's own ``load_lora_weights``, without a warning about unexpected or missing keys, and changes what the
+    pipeline generates."""
+    import logging
+    import warnings
+
+    import diffusers
+    from diffusers import DiffusionPipeline
+
+    from rlrunner.export import main as export_main
+
+    assert export_main([str(log_dir), "--out", str(out)]) == 0
+    pipe = DiffusionPipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    settings = TINY_FAMILY_SETTINGS[model_type]
+    height, width = (settings["resolution"],) * 2
+    call = {"prompt": 'a sign that says "ab"', "num_inference_steps": 2, "height": height, "width": width,
+            "output_type": "latent", "max_sequence_length": settings["max_sequence_length"],
+            **({"num_frames": settings["num_frames"]} if "num_frames" in settings else {})}
+    before = pipe(**call, generator=torch.Generator().manual_seed(0))[0]
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    diffusers.utils.logging.get_logger("diffusers").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipe.load_lora_weights(str(out))
+    finally:
+        diffusers.utils.logging.get_logger("diffusers").removeHandler(handler)
+    messages = records + [str(w.message) for w in caught]
+    # peft's and diffusers' words for keys that found no module, or modules left without their keys
+    assert not [m for m in messages if re.search(r"unexpected keys|missing (adapter )?keys|inconsistency", m)], messages
+    after = pipe(**call, generator=torch.Generator().manual_seed(0))[0]
+    assert not torch.allclose(before, after), "the exported adapter did not change the pipeline's output"

@@ -136,9 +136,9 @@ def test_lora_training_step_changes_only_default(model):
     optimizer.step()
     after = model.lora_state_dict(TRAINED_ADAPTER)
     named = dict(zip(default, model.adapter_parameters(TRAINED_ADAPTER)))
-    # every LoRA tensor with a gradient moved (Qwen's last block discards its text stream: those get none)
-    moved = [not torch.equal(after[k], default[k]) for k, p in named.items() if p.grad is not None and p.grad.any()]
-    assert moved and all(moved)
+    # every LoRA tensor has a gradient (a family leaves no adapter where the model discards the output) and moved
+    assert all(p.grad is not None and p.grad.any() for p in named.values())
+    assert all(not torch.equal(after[k], default[k]) for k in named)
     assert all(torch.equal(v, model.lora_state_dict(EMA_ADAPTER)[k]) for k, v in ema.items())
     assert all(torch.equal(p, base[n]) for n, p in model.transformer.named_parameters() if "lora_" not in n)
     with torch.no_grad():

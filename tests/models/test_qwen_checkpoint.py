@@ -11,8 +11,9 @@ from rlrunner.workers.rollout import RolloutWorker
 
 
 def test_every_qwen_image_lora_trains_and_a_state_without_some_optimizer_state_loads_back(tiny_model_cfg):
-    """The last block's text stream is discarded by QwenImageTransformer2DModel: its ``to_add_out`` gets no LoRA
-    (one there never received a gradient, which broke DDP), so every LoRA tensor has AdamW state after an update.
+    """The last block's text stream is discarded by QwenImageTransformer2DModel: its ``to_add_out`` and
+    ``add_q_proj`` get no LoRA (one there never received a gradient, which broke DDP), so every LoRA tensor has
+    AdamW state after an update.
     A saved state that lacks some tensors' optimizer state (a LoRA that never got a gradient, e.g. an expert no
     sample of a step reached) still loads: those tensors start with zero moments, the others as saved."""
     actor_cfg = OmegaConf.structured(ActorConfig(micro_batch_size=2, global_batch_size=2))
@@ -24,7 +25,8 @@ def test_every_qwen_image_lora_trains_and_a_state_without_some_optimizer_state_l
     trainable = {n: p for n, p in actor.model.transformer.named_parameters() if p.requires_grad}
     assert trainable and all(p in actor.optimizer.state for p in trainable.values())
     last = len(actor.model.transformer.transformer_blocks) - 1
-    assert not any(n.startswith(f"transformer_blocks.{last}.attn.to_add_out.") for n in trainable)
+    dead = tuple(f"transformer_blocks.{last}.attn.{name}." for name in ("to_add_out", "add_q_proj"))
+    assert not any(n.startswith(dead) for n in trainable)
     state = actor.state_dict()
     untrained = sorted(state["optimizer"]["state"])[:2]
     for name in untrained:
