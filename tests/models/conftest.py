@@ -189,3 +189,42 @@ def tiny_model_cfg(tiny_dirs) -> Callable[[str], Any]:
         return cfg
 
     return make
+
+
+#: a small run of any family: 2 prompts x group 2 per step, micro-batches of 2, fp32, JPEG compressibility reward
+#: (it varies on any image, so random-weight models train); the family's own tiny settings on top
+FAMILY_RUN = ("runner.max_steps=2", "runner.save_interval=1", "runner.val_check_interval=0",
+              "runner.val_before_train=false", "runner.sample_log_interval=0", "algorithm.group_size=2",
+              "env.train.total_num_envs=4", "env.eval.total_num_envs=2", "actor.global_batch_size=4",
+              "actor.micro_batch_size=2", "actor.optim.lr=1e-2", "algorithm.nft_tau=[1.0,0.5,0,2]",
+              "algorithm.awm_timesteps_per_sample=2", "env.train.reward.model=jpeg_compressibility",
+              "env.eval.reward.model=jpeg_compressibility", "actor.model.precision=fp32", "cluster.worker_timeout_s=300")
+
+
+@pytest.fixture(scope="session")
+def family_recipe(tiny_dirs, tmp_path_factory) -> Callable[..., Any]:
+    """``family_recipe(model_type, *overrides, algorithm="nft", path=None)``: the tiny CPU recipe turned into a
+    :data:`FAMILY_RUN` of ``model_type`` on its tiny folder (or ``path``), loaded and validated as the launcher
+    does; logs go under a session folder."""
+    from rlrunner.config.loader import load_recipe
+
+    data = tmp_path_factory.mktemp("family_prompts")
+    for split in ("train", "test"):
+        (data / f"{split}.txt").write_text("".join(f'a sign that says "{w}"\n' for w in ("ab", "cd", "ef", "gh")))
+    logs = tmp_path_factory.mktemp("family_logs")
+
+    def make(model_type: str, *overrides: str, algorithm: str = "nft", path: str | Path | None = None):
+        family = {**TINY_FAMILY_SETTINGS[model_type], "num_steps": 2, "eval_num_steps": 2, "lora_rank": 4,
+                  "lora_alpha": 8, "train_sampler": "euler"}
+        if algorithm == "flow_grpo" and "num_frames" in family:
+            family["num_frames"] = 1  # FlowGRPO takes one advantage per sample: a video family trains on images
+        video = family.get("num_frames", 1) > 1
+        settings = [f"actor.model.{model_type}.{key}={value}".replace(" ", "") for key, value in family.items()]
+        adv = ["algorithm.adv_type=grpo_video", "algorithm.advantage_mode=video"] if video else []
+        folder = tiny_dirs(model_type) if path is None else path
+        return load_recipe("tiny_nft_ocr", [
+            *FAMILY_RUN, *settings, *adv, f"algorithm.name={algorithm}", f"actor.model.model_type={model_type}",
+            f"actor.model.model_path={folder}", f"env.train.dataset.path={data}", f"env.eval.dataset.path={data}",
+            f"runner.logger.log_path={logs}", *overrides])
+
+    return make

@@ -21,34 +21,13 @@ import pytest
 import torch
 from runner_helpers import train_metrics
 
-from rlrunner.config.loader import load_recipe
 from rlrunner.runner import run
 from tests.models.conftest import TINY_FAMILY_SETTINGS
 
 FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image"]
 ALGORITHMS = ["nft", "flow_grpo", "awm"]
-RUN = ("runner.max_steps=2", "runner.save_interval=1", "runner.val_check_interval=0", "runner.val_before_train=false",
-       "runner.sample_log_interval=0", "algorithm.group_size=2", "env.train.total_num_envs=4",
-       "env.eval.total_num_envs=2", "actor.global_batch_size=4", "actor.micro_batch_size=2", "actor.optim.lr=1e-2",
-       "algorithm.nft_tau=[1.0,0.5,0,2]", "algorithm.awm_timesteps_per_sample=2",
-       "env.train.reward.model=jpeg_compressibility", "env.eval.reward.model=jpeg_compressibility",
-       "actor.model.precision=fp32", "cluster.worker_timeout_s=300")
 SPLIT = ("cluster.backend=ray", "cluster.num_devices_per_node=3",
          "cluster.component_placement={actor: 0, rollout: 1, env: 2}")
-
-
-def _recipe(model_type: str, folder: Path, data: Path, log_root: Path, algorithm: str, *overrides: str):
-    family = {key: value for key, value in TINY_FAMILY_SETTINGS[model_type].items()}
-    family.update(num_steps=2, eval_num_steps=2, lora_rank=4, lora_alpha=8, train_sampler="euler")
-    if algorithm == "flow_grpo" and "num_frames" in family:
-        family["num_frames"] = 1  # FlowGRPO takes one advantage per sample: a video family trains on images
-    settings = [f"actor.model.{model_type}.{key}={value}".replace(" ", "") for key, value in family.items()]
-    adv = ["algorithm.adv_type=grpo_video", "algorithm.advantage_mode=video", "env.train.reward.frame_interval=4",
-           "env.eval.reward.frame_interval=4"] if family.get("num_frames", 1) > 1 else []
-    return load_recipe("tiny_nft_ocr", [
-        *RUN, *settings, *adv, f"algorithm.name={algorithm}", f"actor.model.model_type={model_type}",
-        f"actor.model.model_path={folder}", f"env.train.dataset.path={data}", f"env.eval.dataset.path={data}",
-        f"runner.logger.log_path={log_root}", *overrides])
 
 
 def _adapters(log_dir: Path, step: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -69,32 +48,25 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory) -> Path:
-    data = tmp_path_factory.mktemp("prompts")
-    for split in ("train", "test"):
-        (data / f"{split}.txt").write_text("".join(f'a sign that says "{w}"\n' for w in ("ab", "cd", "ef", "gh")))
-    return data
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_family_trains_checkpoints_and_resumes_bitwise(model_type, algorithm, tiny_dirs, prompts, request, tmp_path):
+def test_family_trains_checkpoints_and_resumes_bitwise(model_type, algorithm, tiny_dirs, family_recipe, request,
+                                                       tmp_path):
     if algorithm == "nft":
         request.getfixturevalue("ray_session")
     folder = tiny_dirs(model_type)
     start = time.monotonic()
     whole = tmp_path / "20260101-000000-whole"
     whole.mkdir(parents=True)
-    run(_recipe(model_type, folder, prompts, tmp_path, algorithm, "cluster.backend=local"), whole)
+    run(family_recipe(model_type, "cluster.backend=local", algorithm=algorithm), whole)
     local_s = time.monotonic() - start
     resumed = tmp_path / "20260101-000001-resumed"
     resumed.mkdir()
     placement = SPLIT if algorithm == "nft" else ("cluster.backend=local",)
-    run(_recipe(model_type, folder, prompts, tmp_path, algorithm, *placement,
-                f"runner.resume_dir={whole / 'checkpoints' / 'global_step_1'}"), resumed)
+    run(family_recipe(model_type, *placement, f"runner.resume_dir={whole / 'checkpoints' / 'global_step_1'}",
+                      algorithm=algorithm), resumed)
     print(f"{model_type} {algorithm}: 2 steps {local_s:.1f} s, resumed ({placement[0]}) "
           f"{time.monotonic() - start - local_s:.1f} s")
     assert [m["step"] for m in train_metrics(resumed)] == [2]
