@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -116,3 +117,50 @@ class StubServer:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def raw_request(port: int, data: bytes, timeout_s: float = 30.0) -> tuple[int, bytes]:
+    """``data`` sent as is on a new connection to 127.0.0.1:``port``; the answer's ``(status, body)``.
+
+    Status 0 means the server closed the connection (or stayed silent past ``timeout_s``) without an answer: a
+    dropped connection.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        answer = b""
+        try:
+            sock.sendall(data)
+            while True:  # bounded: the server closes, the answer completes, or the timeout ends it
+                chunk = sock.recv(2**16)
+                if not chunk:
+                    break
+                answer += chunk
+                head, sep, body = answer.partition(b"\r\n\r\n")
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                if sep and length and len(body) >= int(length.group(1)):
+                    break
+        except (TimeoutError, ConnectionResetError, BrokenPipeError):
+            pass
+    status = re.match(rb"HTTP/1\.[01] (\d{3}) ", answer)
+    return (int(status.group(1)) if status else 0), answer.partition(b"\r\n\r\n")[2]
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The peak resident memory (VmHWM) of process ``pid`` so far, in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+
+@contextmanager
+def detector_server(limits: dict, token: str = "") -> Iterator[tuple[int, subprocess.Popen]]:
+    """The GenEval detector server (tests/detector_probe.py: its HTTP side around a pixel-statistics detector) on a
+    free loopback port, in a process of its own; yields ``(port, process)`` once it listens."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "detector_probe.py"), json.dumps(limits), token],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = process.stdout.readline()  # "port N" once listening, or "" if it died
+        if not line.startswith("port "):
+            raise RuntimeError(f"detector server did not start: {line!r}")
+        yield int(line.split()[1]), process
+    finally:
+        stop(process)

@@ -131,3 +131,29 @@ def test_every_reply_unparsable_is_a_failure():
     with StubServer(lambda body: chat_answer("no idea")) as stub:
         out = build_reward(judge_config("unifiedreward", stub.url))(images(2), ["a", "b"])
     assert out.errors == 2 and "unparsable judge reply" in out.failure
+
+
+@pytest.mark.parametrize("logprob", [math.nan, math.inf, -math.inf, 1000, None, "-0.1", True, 10**400],
+                         ids=["nan", "inf", "-inf", "1000", "null", "string", "bool", "huge-int"])
+def test_a_broken_logprob_is_one_unparsable_sample_not_a_nan_reward_or_a_crash(logprob):
+    """A judge endpoint answering NaN / inf / 1000 / null as the yes logprob costs that sample (scored 0, counted)
+    and nothing else; before, NaN became the reward and 1000 or null raised past the per-sample handling."""
+    with pytest.raises(UnparsableReply, match="logprob"):
+        yes_probability([{"token": "Yes", "logprob": logprob}, {"token": "No", "logprob": -1.0}])
+
+    def answer(body: dict) -> tuple[int, bytes]:
+        broken = "broken" in body["messages"][0]["content"][1]["text"]
+        top = [{"token": "Yes", "logprob": logprob if broken else math.log(0.75)},
+               {"token": "No", "logprob": math.log(0.25)}]
+        return chat_answer("Yes", top)  # json.dumps writes NaN / Infinity as Python does (vLLM can too)
+
+    with StubServer(answer) as stub:
+        out = build_reward(judge_config("vlm_yesno", stub.url))(images(2), ["a broken cube", "a red cube"])
+        assert np.isfinite(out.avg).all() and out.avg.tolist() == pytest.approx([0.0, 0.75])
+        assert out.errors == 1 and out.extra["error_reasons"] == {"unparsable judge reply": 1} and out.failure == ""
+        everything_broken = build_reward(judge_config("vlm_yesno", stub.url))(images(1), ["a broken cube"])
+    assert "unparsable judge reply" in everything_broken.failure  # required (the default): all failed stops the run
+
+
+def test_a_logprob_rounded_just_above_zero_is_certainty():
+    assert yes_probability([{"token": "Yes", "logprob": 1e-7}, {"token": "No", "logprob": -30.0}]) == pytest.approx(1.0)

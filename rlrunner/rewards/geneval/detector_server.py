@@ -196,6 +196,7 @@ def make_server(detect: Detect, host: str, port: int, token: str = "", limits: L
 
     class Handler(BaseHTTPRequestHandler):
         timeout = limits.timeout_s  # the socket's: a request head or body slower than this ends the connection
+        default_request_version = "HTTP/1.0"  # not 0.9, whose answers have no status line: garbage gets a real 400
         unread = False  # a body is left on the socket (answered before reading it)
 
         def do_GET(self) -> None:
