@@ -49,8 +49,9 @@ LOGPROB_ROUNDING = 1e-4
 #: UnifiedReward 2.0's three axes, all required in a reply.
 AXES = ("Alignment", "Coherence", "Style")
 
-_FINAL_SCORE = re.compile(r"Final Score:\s*\**\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
-_AXIS_SCORE = re.compile(r"(\w+) Score \(1-5\):\s*\**\s*(\d+(?:\.\d+)?)")
+# Linear time on any reply: `\s*\**\s*` (and `(\w+) Score`) backtracked quadratically, 20 s on 20,000 spaces
+_FINAL_SCORE = re.compile(r"Final Score:\s*(?:\*+\s*)?(\d+(?:\.\d+)?)", re.IGNORECASE)
+_AXIS_SCORE = re.compile(rf"\b({'|'.join(AXES)}) Score \(1-5\):\s*(?:\*+\s*)?(\d+(?:\.\d+)?)")
 
 
 class UnparsableReply(ValueError):
