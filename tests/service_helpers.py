@@ -12,10 +12,12 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +31,46 @@ REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 120.0  # the server imports the OCR engine first; the machine may be busy
 
 
+@dataclass(frozen=True)
+class AbuseLimits:
+    """The limits the abused servers run with: small, so that each is cheap to cross and memory stays low."""
+
+    max_request_bytes: int = 2**20
+    max_images: int = 8
+    max_pixels: int = 2**22
+    max_request_pixels: int = 2**20
+    timeout_s: float = 1.0  # a truncated body is answered (408) after it
+
+    def serve_args(self) -> tuple[str, ...]:
+        return ("--max-request-mb", str(self.max_request_bytes / 2**20), "--max-batch", str(self.max_images),
+                "--max-pixels", str(self.max_pixels), "--max-request-pixels", str(self.max_request_pixels),
+                "--timeout", str(self.timeout_s))
+
+
+SERVER_LIMITS = AbuseLimits()
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server process under test: its loopback ``port``, ``pid``, scoring ``route`` and peak memory (MiB) once
+    it had started."""
+
+    port: int
+    pid: int
+    route: str
+    startup_rss_mib: float
+
+    @property
+    def kind(self) -> str:
+        return "reward" if self.route == "/score" else "detector"
+
+    def body(self, images: list, prompts: list | None = None) -> dict:
+        """A request body of this server's route for ``images`` (the reward server's also holds prompts)."""
+        if self.kind == "detector":
+            return {"images": images}
+        return {"prompts": ["a prompt"] * len(images) if prompts is None else prompts, "images": images}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -40,26 +82,29 @@ def reward_server(*args: str, token: str = "") -> Iterator[tuple[str, subprocess
     """``python -m rlrunner.serve_reward ARGS`` on a free loopback port; yields ``(url, process)`` once healthy."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "rlrunner.serve_reward", "--port", str(port), *args],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:  # bounded: the deadline or the process exiting ends it
-            if process.poll() is not None:
-                raise RuntimeError(f"reward server exited: {process.stdout.read()}")
-            try:
-                if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"reward server did not answer /health within {STARTUP_S} s")
-            time.sleep(0.2)
-        yield url, process
-    finally:
-        stop(process)
+    # its output goes to a file: a pipe nobody drains fills up and then blocks the server mid-log
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen([sys.executable, "-m", "rlrunner.serve_reward", "--port", str(port), *args],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + STARTUP_S
+            while True:  # bounded: the deadline or the process exiting ends it
+                if process.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"reward server exited: {log.read()}")
+                try:
+                    if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"reward server did not answer /health within {STARTUP_S} s")
+                time.sleep(0.2)
+            yield url, process
+        finally:
+            stop(process)
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -140,8 +185,10 @@ def raw_request(port: int, data: bytes, timeout_s: float = 30.0) -> tuple[int, b
                     break
         except (TimeoutError, ConnectionResetError, BrokenPipeError):
             pass
-    status = re.match(rb"HTTP/1\.[01] (\d{3}) ", answer)
-    return (int(status.group(1)) if status else 0), answer.partition(b"\r\n\r\n")[2]
+    status = re.match(rb"HTTP/\d\.\d (\d{3}) ", answer)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return (int(status.group(1)) if status else 0), body[: int(length.group(1))] if length else body
 
 
 def peak_rss_mib(pid: int) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 from aiohttp import web
-from service_helpers import StubServer, detector_server, peak_rss_mib, raw_request, reward_server
+from service_helpers import SERVER_LIMITS, Server, StubServer, peak_rss_mib, raw_request
 
 from rlrunner.config.schema import RewardConfig
 from rlrunner.rewards import build_reward
@@ -26,11 +26,7 @@ from rlrunner.rewards.image_stats import ImageStatsReward
 from rlrunner.rewards.serving.server import Limits, build_app
 from rlrunner.rewards.serving.wire import encode_image
 
-TIMEOUT_S = 1.0  # the servers' body timeout here, so a truncated body is answered quickly
-LIMITS = {"max_request_bytes": 2**20, "max_images": 8, "max_pixels": 2**22, "max_request_pixels": 2**20,
-          "timeout_s": TIMEOUT_S}
-SERVE_ARGS = ("--reward", "image_stats", "--max-request-mb", "1", "--max-batch", "8", "--max-pixels", str(2**22),
-              "--max-request-pixels", str(2**20), "--timeout", str(TIMEOUT_S))
+TIMEOUT_S = SERVER_LIMITS.timeout_s  # the servers' body timeout here, so a truncated body is answered quickly
 
 
 def png(width: int, height: int, value: int = 0) -> str:
@@ -47,27 +43,10 @@ def bomb_header(width: int, height: int) -> str:
     return base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")).decode()
 
 
-@pytest.fixture(scope="module")
-def reward_port() -> Iterator[tuple[int, int]]:
-    with reward_server(*SERVE_ARGS) as (url, process):
-        yield int(url.rsplit(":", 1)[1]), process.pid
-
-
-@pytest.fixture(scope="module")
-def detector_port() -> Iterator[tuple[int, int]]:
-    with detector_server(LIMITS) as (port, process):
-        yield port, process.pid
-
-
 @pytest.fixture(params=["reward", "detector"])
-def target(request, reward_port, detector_port) -> tuple[int, int, str, str]:
-    """``(port, pid, route, images body key)`` of one of the two servers."""
-    port, pid = reward_port if request.param == "reward" else detector_port
-    return port, pid, "/score" if request.param == "reward" else "/detect", request.param
-
-
-def body_of(kind: str, images: list) -> dict:
-    return {"prompts": ["x"] * len(images), "images": images} if kind == "reward" else {"images": images}
+def target(request, reward_service, detector_service) -> Server:
+    """One of the two servers (tests/rewards/conftest.py)."""
+    return reward_service if request.param == "reward" else detector_service
 
 
 def post(route: str, body: bytes, headers: str = "Content-Type: application/json\r\n",
@@ -93,10 +72,9 @@ MALFORMED = {  # name: (request bytes given the route, expected status, fragment
 
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_malformed_requests_get_a_json_error_with_their_status_never_a_dropped_connection(target, case):
-    port, _, route, _ = target
     request, status, fragment = MALFORMED[case]
     started = time.monotonic()
-    got, body = raw_request(port, request(route))
+    got, body = raw_request(target.port, request(target.route))
     assert got == status, (case, body[:200])
     assert fragment.lower() in json.loads(body)["error"].lower()
     assert time.monotonic() - started < TIMEOUT_S + 10  # a late body is answered after the timeout, not later
@@ -105,22 +83,24 @@ def test_malformed_requests_get_a_json_error_with_their_status_never_a_dropped_c
 def test_pixels_are_added_up_from_headers_before_any_image_is_decoded(target):
     """8 solid 2048² PNGs (~130 kB of body) hold 33 M pixels, 100 MB decoded: refused from their headers (413)
     while the server's peak memory stays where it was; one over the count or PIL's bomb size is refused too."""
-    port, pid, route, kind = target
-    before = peak_rss_mib(pid)
-    got, body = raw_request(port, post(route, json.dumps(body_of(kind, [png(2048, 2048)] * 8)).encode()))
+    def send(images: list) -> tuple[int, bytes]:
+        return raw_request(target.port, post(target.route, json.dumps(target.body(images)).encode()))
+
+    before = peak_rss_mib(target.pid)
+    got, body = send([png(2048, 2048)] * 8)
     assert got == 413 and "--max-request-pixels" in json.loads(body)["error"]
-    assert peak_rss_mib(pid) - before < 30  # decoding them would take 100 MB (200 MB stacked)
-    got, body = raw_request(port, post(route, json.dumps(body_of(kind, [png(8, 8)] * 9)).encode()))
+    assert peak_rss_mib(target.pid) - before < 30  # decoding them would take 100 MB (200 MB stacked)
+    got, body = send([png(8, 8)] * 9)
     assert got == 413 and "--max-batch" in json.loads(body)["error"]
     for header in (bomb_header(100_000, 100_000), bomb_header(4096, 4096)):  # PIL's bomb size, then ours
-        got, body = raw_request(port, post(route, json.dumps(body_of(kind, [header])).encode()))
+        got, body = send([header])
         assert got == 413, body
-    got, body = raw_request(port, post(route, json.dumps(body_of(kind, [png(16, 16)] * 2)).encode()))
+    got, body = send([png(16, 16)] * 2)
     assert got == 200, body
 
 
-def test_a_detector_fault_is_a_500_json_answer_and_the_client_retries_only_that(detector_port, tmp_path):
-    port, _ = detector_port
+def test_a_detector_fault_is_a_500_json_answer_and_the_client_retries_only_that(detector_service):
+    port = detector_service.port
     faulty = png(16, 16, 13)  # the probe's injected fault: detect raises
     got, body = raw_request(port, post("/detect", json.dumps({"images": [faulty]}).encode()))
     assert got == 500 and "injected detector fault" in json.loads(body)["error"]
@@ -191,11 +171,10 @@ def textured_video(seed: int, frames: int) -> np.ndarray:
     return video
 
 
-def test_a_video_longer_than_the_servers_max_batch_is_split_and_scored(reward_port):
+def test_a_video_longer_than_the_servers_max_batch_is_split_and_scored(reward_service):
     """--max-batch 8 and a 10-frame video: the client reads the limit from /health, sends the frames in pieces
     of 8 and 2, and the chunked scores equal the local reward's."""
-    port, _ = reward_port
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{reward_service.port}"
     videos = np.stack([textured_video(0, 10), textured_video(1, 10)])
     expected = build_reward({"model": "image_stats"})(videos, ["a", "b"])
     assert len(set(expected.extra["frame_scores"][0].tolist())) == 3  # the frames score 1, 0.44 and 0

@@ -266,8 +266,10 @@ def make_server(detect: Detect, host: str, port: int, token: str = "", limits: L
             return True
 
         def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-            """The stdlib's answers to requests it cannot parse, as JSON; an unknown method is 405, not 501."""
-            code = HTTPStatus.METHOD_NOT_ALLOWED if code == HTTPStatus.NOT_IMPLEMENTED else code
+            """The stdlib's answers to requests it cannot parse, as JSON; what it calls 5xx there is the client's
+            doing (an unknown method: 405 here, not 501; an HTTP version it does not speak: 400, not 505)."""
+            code = {HTTPStatus.NOT_IMPLEMENTED: HTTPStatus.METHOD_NOT_ALLOWED,
+                    HTTPStatus.HTTP_VERSION_NOT_SUPPORTED: HTTPStatus.BAD_REQUEST}.get(code, code)
             self.close_connection = True
             self._reply(code, {"error": message or HTTPStatus(code).phrase})
 

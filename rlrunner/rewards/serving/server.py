@@ -96,9 +96,13 @@ class _JsonErrorProtocol(RequestHandler):
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        plain = super().handle_error(request, status, exc, message)  # logs; refuses when a reply is half sent
-        text = (message or "internal server error").split("\n")[0].rstrip(": ")
-        response = web.json_response({"error": text}, status=plain.status)
+        if request.writer.output_size > 0:  # as aiohttp: a reply already half sent cannot become another one
+            raise ConnectionError("an answer is sent already, cannot send the error answer")
+        text = (message or "internal server error").split("\n")[0].rstrip(": ")[:200]
+        # one short line, not aiohttp's log of the offending bytes: a client sending 1 MiB of garbage per request
+        # must not write 1 MiB of log per request
+        logger.warning("HTTP %d to %s: %s", status, request.remote, text, exc_info=status >= 500)
+        response = web.json_response({"error": text}, status=status)
         response.force_close()
         return response
 
