@@ -26,7 +26,7 @@ from rlrunner.rewards.judges import parsers
 from rlrunner.rewards.serving import server, wire
 
 #: Hypothesis's fixed-seed mode: the same examples each run, so CI is deterministic and the counts are stable.
-FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=200,
+FUZZ = settings(derandomize=True, deadline=None, database=None, max_examples=150,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TRIED: Counter[str] = Counter()
 #: Longest a single parse may take on inputs of at most a few kB (a quadratic regex took 20 s on 20 kB).

@@ -91,7 +91,7 @@ def http(method: str, path: str, body: bytes, headers: dict[str, str] | None = N
 def case(server: Server, rng: random.Random) -> tuple[str, bytes, bool]:
     """One fuzz request: ``(kind, bytes, injected fault)``; the kinds' shares are set by the weights below."""
     kind = rng.choices(["valid", "hostile body", "broken JSON", "malformed HTTP", "oversized", "truncated"],
-                       [20, 30, 15, 25, 8, 2])[0]
+                       [20, 30, 15, 25, 9, 1])[0]
     count = rng.randint(1, SERVER_LIMITS.max_images // 2)
     video = server.kind == "reward" and rng.random() < 0.3
     images: list = [[valid_image(rng) for _ in range(2)] if video else valid_image(rng) for _ in range(count)]
