@@ -163,11 +163,11 @@ def test_a_reward_that_raises_is_a_500_json_answer_which_the_client_retries():
     assert "failed after 2 attempt(s): HTTP 500: the server failed: RuntimeError: engine crashed" in out.failure
 
 
-def textured_video(seed: int, frames: int) -> np.ndarray:
-    """uint8 ``[frames, 32, 32, 3]``: noise with a flat band that grows with the frame (image_stats differs)."""
-    video = np.random.default_rng(seed).integers(0, 256, (frames, 32, 32, 3), dtype=np.uint8)
+def textured_video(seed: int, frames: int, size: int = 32) -> np.ndarray:
+    """uint8 ``[frames, size, size, 3]``: noise with a flat band that grows with the frame (image_stats differs)."""
+    video = np.random.default_rng(seed).integers(0, 256, (frames, size, size, 3), dtype=np.uint8)
     for f in range(frames):
-        video[f, : 32 * f // (frames - 1)] = 90
+        video[f, : size * f // (frames - 1)] = 90
     return video
 
 
@@ -180,7 +180,15 @@ def test_a_video_longer_than_the_servers_max_batch_is_split_and_scored(reward_se
     assert len(set(expected.extra["frame_scores"][0].tolist())) == 3  # the frames score 1, 0.44 and 0
     scored = requests.get(f"{url}/health", timeout=10).json()["images_scored"]
     out = build_reward({"model": "remote", "url": url, "max_retries": 0})(videos, ["a", "b"])
-    assert out.errors == 0 and out.failure == ""
+    assert out.failure == "" and "reward service unavailable" not in out.extra["error_reasons"]
+    np.testing.assert_array_equal(out.extra["error_mask"], expected.extra["error_mask"])  # flat frames: 0, counted
     np.testing.assert_array_equal(out.extra["frame_scores"], expected.extra["frame_scores"])
     np.testing.assert_array_equal(out.avg, expected.avg)
     assert requests.get(f"{url}/health", timeout=10).json()["images_scored"] == scored + 20
+    # 256² frames: a 1 MiB body holds 3 of them at the most their PNGs can take, fewer than --max-batch; 3 and 3
+    videos = np.stack([textured_video(2, 6, 256), textured_video(3, 6, 256)])
+    expected = build_reward({"model": "image_stats"})(videos, ["a", "b"])
+    out = build_reward({"model": "remote", "url": url, "max_retries": 0})(videos, ["a", "b"])
+    assert out.failure == "" and "reward service unavailable" not in out.extra["error_reasons"]
+    np.testing.assert_array_equal(out.extra["error_mask"], expected.extra["error_mask"])  # flat frames: 0, counted
+    np.testing.assert_array_equal(out.extra["frame_scores"], expected.extra["frame_scores"])

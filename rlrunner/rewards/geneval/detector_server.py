@@ -18,7 +18,7 @@ with a numeric ``Content-Length`` (411 without, 400 malformed, 413 over ``--max-
 ``--max-batch`` images, ``--max-pixels`` per image and ``--max-request-pixels`` over all, added up from the image
 headers before any pixel is decoded (413), a socket timeout of ``--timeout`` seconds (408 for a late body). Every
 answer is JSON ``{"error": ...}`` with its status, never a dropped connection; 5xx only for the server's own faults:
-500 when ``detect`` raises, 503 when ``MAX_ACTIVE`` requests are already being read or detected.
+500 when ``detect`` raises, 503 when ``MAX_ACTIVE`` other requests stay in progress past ``--timeout``.
 """
 
 from __future__ import annotations

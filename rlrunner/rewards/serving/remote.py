@@ -12,9 +12,9 @@
 The server's reward decides the scores (same engine, same scores as the local reward). Videos travel as lists
 of frames, whole when the server takes them in one request; the frame scores are chunked here with
 ``frame_interval``. Request sizes follow the server's limits, read once from its ``GET /health`` (``limits``:
-``max_images``, ``max_request_pixels``): a video with more frames than one request may carry is split into
-consecutive pieces (the server scores each frame on its own, so the scores are the same), and images are sent at
-most as many per request as those limits allow.
+``max_images``, ``max_request_pixels``, ``max_request_bytes``): a video with more frames than one request may carry
+is split into consecutive pieces (the server scores each frame on its own, so the scores are the same), and images
+are sent at most as many per request as those limits allow.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from rlrunner.config.schema import RewardConfig
 
 from ..registry import register_reward
 from .client import FrameResults, ServiceError, ServiceReward, read_secret
-from .wire import MalformedMessage, encode_image, parse_score_response
+from .wire import MalformedMessage, encode_image, encoded_size_bound, parse_score_response
 
 
 @register_reward("remote")
@@ -48,7 +48,7 @@ class RemoteReward(ServiceReward):
     def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],
                      metadata: list[dict[str, Any]]) -> FrameResults:
         batch, num_frames = frames.shape[:2]
-        requests = self._plan(batch, num_frames, self._frames_per_request(frames.shape[2] * frames.shape[3]))
+        requests = self._plan(batch, num_frames, self._frames_per_request(frames.shape[2], frames.shape[3]))
         answers = self.client.map(lambda pieces: self._score(frames, prompts, pieces), requests)
         result = FrameResults(np.zeros(batch * num_frames, dtype=np.float32), list(reasons),
                               [False] * (batch * num_frames))
@@ -74,10 +74,12 @@ class RemoteReward(ServiceReward):
         return [[(b, range(num_frames)) for b in range(start, min(batch, start + per_request))]
                 for start in range(0, batch, per_request)]
 
-    def _frames_per_request(self, frame_pixels: int) -> int:
-        """The most images (frames) of ``frame_pixels`` one request may carry under the server's limits."""
+    def _frames_per_request(self, height: int, width: int) -> int:
+        """The most images (frames) of ``height`` x ``width`` one request may carry under the server's limits:
+        images, pixels, and body bytes (each image at the most its PNG can take; a tenth kept for the rest)."""
         limits = self._server_limits()
-        caps = [limits.get("max_images"), (limits.get("max_request_pixels") or 0) // frame_pixels or None]
+        caps = [limits.get("max_images"), (limits.get("max_request_pixels") or 0) // (height * width),
+                int(0.9 * (limits.get("max_request_bytes") or 0)) // encoded_size_bound(height, width)]
         return max(1, min([c for c in caps if isinstance(c, int) and c > 0], default=2**31))
 
     def _server_limits(self) -> dict[str, Any]:

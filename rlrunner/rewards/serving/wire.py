@@ -45,6 +45,13 @@ def encode_image(image: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def encoded_size_bound(height: int, width: int) -> int:
+    """The most characters :func:`encode_image` can give an ``[height, width, 3]`` image: its raw rows (and PNG's
+    filter byte per row) even when nothing compresses, zlib's and PNG's framing, then base64's 4/3."""
+    raw = height * (3 * width + 1)
+    return 4 * -(-(raw + raw // 1000 + 1024) // 3)
+
+
 def open_image(text: str, max_pixels: int) -> Image.Image:
     """base64 PNG or JPEG -> a PIL image whose header (format, size) is read and checked; no pixel is decoded yet
     (PIL decodes lazily), so a server can add up the pixels of a whole request before it decodes any.
