@@ -9,12 +9,18 @@ must come back as a 500 JSON answer. Usage: ``python tests/detector_probe.py '<L
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from rlrunner.rewards.geneval.detector_server import Limits, make_server
+# loaded from its file, as it runs in the detector's own environment: without the rlrunner package (and its torch)
+_spec = importlib.util.spec_from_file_location(
+    "detector_server", Path(__file__).resolve().parents[1] / "rlrunner/rewards/geneval/detector_server.py")
+detector_server = sys.modules["detector_server"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(detector_server)
 
 FAULT = (13, 13, 13)
 CATS = [{"label": "cat", "box": [0, 0, 9, 9], "score": 0.95, "color": None},
@@ -28,7 +34,7 @@ def detect(images: list[np.ndarray]) -> list[list[dict]]:
 
 
 if __name__ == "__main__":
-    server = make_server(detect, "127.0.0.1", 0, sys.argv[2] if len(sys.argv) > 2 else "",
-                         Limits(**json.loads(sys.argv[1])))
+    server = detector_server.make_server(detect, "127.0.0.1", 0, sys.argv[2] if len(sys.argv) > 2 else "",
+                                         detector_server.Limits(**json.loads(sys.argv[1])))
     print(f"port {server.server_address[1]}", flush=True)
     server.serve_forever()
