@@ -5,9 +5,10 @@
 
 Recipes use it with ``reward.model: remote`` (``url``) or, for its OCR engine as a chat model, ``vlm_ocr``
 (``base_url: http://HOST:PORT/v1``). Security defaults: it listens on 127.0.0.1; any other address needs
-``--token-file`` (every request then needs ``Authorization: Bearer <token>``); JSON only, never pickle; request,
-batch and image size limits (413). Videos are sent as frame lists and scored frame by frame, so serve an image
-reward (``ocr``, not ``video_ocr``). See rlrunner/rewards/serving/server.py for the routes.
+``--token-file`` (every request then needs ``Authorization: Bearer <token>``); JSON only, never pickle; limits
+on body bytes, images, pixels per image and per request (413), and on the time a body may take (408). Videos are
+sent as frame lists and scored frame by frame, so serve an image reward (``ocr``, not ``video_ocr``). See
+rlrunner/rewards/serving/server.py for the routes.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-batch", type=int, default=limits.max_images, help="images (frames) per request")
     parser.add_argument("--max-request-mb", type=float, default=limits.max_request_bytes / 2**20)
     parser.add_argument("--max-pixels", type=int, default=limits.max_pixels, help="pixels per image")
+    parser.add_argument("--max-request-pixels", type=int, default=limits.max_request_pixels,
+                        help="pixels over all images of a request, added up from their headers before any decode")
+    parser.add_argument("--timeout", type=float, default=limits.timeout_s,
+                        help="seconds a request body may take to arrive, and an idle connection stays open")
     parser.add_argument("--served-model-name", default="rlrunner-ocr", help="model name of /v1/chat/completions")
     return parser.parse_args(argv)
 
@@ -95,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.host not in LOOPBACK and not token:
             raise ValueError(f"--host {args.host} accepts connections from other machines: give a --token-file "
                              f"(e.g. `openssl rand -hex 32 > reward.token`), or keep the default 127.0.0.1")
-        if min(args.workers, args.max_batch, args.max_pixels) < 1 or args.max_request_mb <= 0:
-            raise ValueError("--workers, --max-batch, --max-pixels and --max-request-mb must be positive")
+        if min(args.workers, args.max_batch, args.max_pixels, args.max_request_pixels) < 1 or min(
+                args.max_request_mb, args.timeout) <= 0:
+            raise ValueError("--workers, --max-batch, --max-pixels, --max-request-pixels, --max-request-mb and "
+                             "--timeout must be positive")
         from rlrunner.rewards import build_reward
 
         reward = build_reward(reward_config(args))
@@ -104,15 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError, OSError) as err:
         print(f"serve_reward: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    from aiohttp import web
+    from rlrunner.rewards.serving.server import Limits, build_app, serve
 
-    from rlrunner.rewards.serving.server import Limits, build_app
-
-    limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels)
+    limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels, args.max_request_pixels,
+                    args.timeout)
     app = build_app(reward, limits, args.workers, token, args.served_model_name)
     print(f"serve_reward: {args.reward} reward on http://{args.host}:{args.port} (token: {'yes' if token else 'no'}, "
           f"workers: {args.workers})", flush=True)
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+    serve(app, args.host, args.port, limits.timeout_s)
     return 0
 
 

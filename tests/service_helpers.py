@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +31,46 @@ REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 120.0  # the server imports the OCR engine first; the machine may be busy
 
 
+@dataclass(frozen=True)
+class AbuseLimits:
+    """The limits the abused servers run with: small, so that each is cheap to cross and memory stays low."""
+
+    max_request_bytes: int = 2**20
+    max_images: int = 8
+    max_pixels: int = 2**22
+    max_request_pixels: int = 2**20
+    timeout_s: float = 1.0  # a truncated body is answered (408) after it
+
+    def serve_args(self) -> tuple[str, ...]:
+        return ("--max-request-mb", str(self.max_request_bytes / 2**20), "--max-batch", str(self.max_images),
+                "--max-pixels", str(self.max_pixels), "--max-request-pixels", str(self.max_request_pixels),
+                "--timeout", str(self.timeout_s))
+
+
+SERVER_LIMITS = AbuseLimits()
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server process under test: its loopback ``port``, ``pid``, scoring ``route`` and peak memory (MiB) once
+    it had started."""
+
+    port: int
+    pid: int
+    route: str
+    startup_rss_mib: float
+
+    @property
+    def kind(self) -> str:
+        return "reward" if self.route == "/score" else "detector"
+
+    def body(self, images: list, prompts: list | None = None) -> dict:
+        """A request body of this server's route for ``images`` (the reward server's also holds prompts)."""
+        if self.kind == "detector":
+            return {"images": images}
+        return {"prompts": ["a prompt"] * len(images) if prompts is None else prompts, "images": images}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -39,26 +82,29 @@ def reward_server(*args: str, token: str = "") -> Iterator[tuple[str, subprocess
     """``python -m rlrunner.serve_reward ARGS`` on a free loopback port; yields ``(url, process)`` once healthy."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "rlrunner.serve_reward", "--port", str(port), *args],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:  # bounded: the deadline or the process exiting ends it
-            if process.poll() is not None:
-                raise RuntimeError(f"reward server exited: {process.stdout.read()}")
-            try:
-                if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"reward server did not answer /health within {STARTUP_S} s")
-            time.sleep(0.2)
-        yield url, process
-    finally:
-        stop(process)
+    # its output goes to a file: a pipe nobody drains fills up and then blocks the server mid-log
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen([sys.executable, "-m", "rlrunner.serve_reward", "--port", str(port), *args],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + STARTUP_S
+            while True:  # bounded: the deadline or the process exiting ends it
+                if process.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"reward server exited: {log.read()}")
+                try:
+                    if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"reward server did not answer /health within {STARTUP_S} s")
+                time.sleep(0.2)
+            yield url, process
+        finally:
+            stop(process)
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -116,3 +162,52 @@ class StubServer:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def raw_request(port: int, data: bytes, timeout_s: float = 30.0) -> tuple[int, bytes]:
+    """``data`` sent as is on a new connection to 127.0.0.1:``port``; the answer's ``(status, body)``.
+
+    Status 0 means the server closed the connection (or stayed silent past ``timeout_s``) without an answer: a
+    dropped connection.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        answer = b""
+        try:
+            sock.sendall(data)
+            while True:  # bounded: the server closes, the answer completes, or the timeout ends it
+                chunk = sock.recv(2**16)
+                if not chunk:
+                    break
+                answer += chunk
+                head, sep, body = answer.partition(b"\r\n\r\n")
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                if sep and length and len(body) >= int(length.group(1)):
+                    break
+        except (TimeoutError, ConnectionResetError, BrokenPipeError):
+            pass
+    status = re.match(rb"HTTP/\d\.\d (\d{3}) ", answer)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return (int(status.group(1)) if status else 0), body[: int(length.group(1))] if length else body
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The peak resident memory (VmHWM) of process ``pid`` so far, in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+
+@contextmanager
+def detector_server(limits: dict, token: str = "") -> Iterator[tuple[int, subprocess.Popen]]:
+    """The GenEval detector server (tests/detector_probe.py: its HTTP side around a pixel-statistics detector) on a
+    free loopback port, in a process of its own; yields ``(port, process)`` once it listens."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "detector_probe.py"), json.dumps(limits), token],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = process.stdout.readline()  # "port N" once listening, or "" if it died
+        if not line.startswith("port "):
+            raise RuntimeError(f"detector server did not start: {line!r}")
+        yield int(line.split()[1]), process
+    finally:
+        stop(process)

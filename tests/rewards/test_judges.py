@@ -131,3 +131,40 @@ def test_every_reply_unparsable_is_a_failure():
     with StubServer(lambda body: chat_answer("no idea")) as stub:
         out = build_reward(judge_config("unifiedreward", stub.url))(images(2), ["a", "b"])
     assert out.errors == 2 and "unparsable judge reply" in out.failure
+
+
+BROKEN_LOGPROBS = [math.nan, math.inf, -math.inf, 1000, None, "-0.1", True, 10**400]
+
+
+@pytest.mark.parametrize("logprob", BROKEN_LOGPROBS,
+                         ids=["nan", "inf", "-inf", "1000", "null", "string", "bool", "huge-int"])
+def test_a_broken_logprob_does_not_parse(logprob):
+    with pytest.raises(UnparsableReply, match="logprob"):
+        yes_probability([{"token": "Yes", "logprob": logprob}, {"token": "No", "logprob": -1.0}])
+
+
+def test_a_broken_logprob_is_one_unparsable_sample_not_a_nan_reward_or_a_crash():
+    """A judge endpoint answering NaN / inf / 1000 / null as the yes logprob costs that sample (scored 0, counted)
+    and nothing else; before, NaN became the reward and 1000 or null raised past the per-sample handling."""
+    broken = []  # the logprob the stub sends for the "broken" prompt
+
+    def answer(body: dict) -> tuple[int, bytes]:
+        bad = "broken" in body["messages"][0]["content"][1]["text"]
+        top = [{"token": "Yes", "logprob": broken[0] if bad else math.log(0.75)},
+               {"token": "No", "logprob": math.log(0.25)}]
+        return chat_answer("Yes", top)  # json.dumps writes NaN / Infinity as Python does (vLLM can too)
+
+    with StubServer(answer) as stub:
+        reward = build_reward(judge_config("vlm_yesno", stub.url))
+        for logprob in BROKEN_LOGPROBS:
+            broken[:] = [logprob]
+            out = reward(images(2), ["a broken cube", "a red cube"])
+            assert np.isfinite(out.avg).all() and out.avg.tolist() == pytest.approx([0.0, 0.75]), logprob
+            assert out.errors == 1 and out.extra["error_reasons"] == {"unparsable judge reply": 1}
+            assert out.failure == ""
+        everything_broken = reward(images(1), ["a broken cube"])
+    assert "unparsable judge reply" in everything_broken.failure  # required (the default): all failed stops the run
+
+
+def test_a_logprob_rounded_just_above_zero_is_certainty():
+    assert yes_probability([{"token": "Yes", "logprob": 1e-7}, {"token": "No", "logprob": -30.0}]) == pytest.approx(1.0)

@@ -100,7 +100,7 @@ def test_requests_without_or_with_a_wrong_token_get_401_and_nothing_is_scored(se
 
 
 def test_oversized_and_malformed_requests_get_413_and_400_naming_the_problem(server, images):
-    headers = {"Authorization": f"Bearer {TOKEN}"}
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
     def post(payload: object) -> requests.Response:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()

@@ -11,17 +11,32 @@ the official detector stack needs an older torch than rlrunner's (README.md here
 per class, most confident first, each with the colour GenEval's CLIP ViT-L/14 zero-shot classifier gives its crop
 (the object's mask composited on a #999 background, cropped to its box). Scoring happens in the client
 (``rlrunner.rewards.geneval.scoring``), so this server only sees pixels. Loopback by default; a bearer token
-(``--token-file``) is required for any other ``--host``.
+(``--token-file``, compared in constant time) is required for any other ``--host``.
+
+Requests are held to :class:`Limits` (the reward server's options and answers): an ``application/json`` body (415)
+with a numeric ``Content-Length`` (411 without, 400 malformed, 413 over ``--max-request-mb``), at most
+``--max-batch`` images, ``--max-pixels`` per image and ``--max-request-pixels`` over all, added up from the image
+headers before any pixel is decoded (413), a socket timeout of ``--timeout`` seconds (408 for a late body). Every
+answer is JSON ``{"error": ...}`` with its status, never a dropped connection; 5xx only for the server's own faults:
+500 when ``detect`` raises, 503 when ``MAX_ACTIVE`` other requests stay in progress past ``--timeout``.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import binascii
+import hmac
 import io
 import json
+import logging
+import re
+import socket
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -32,7 +47,32 @@ from PIL import Image
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 COLOR_TEMPLATES = ("a photo of a {c} {label}", "a photo of a {c}-colored {label}", "a photo of a {c} object")
 DETECTOR = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco"
-MAX_BODY_BYTES = 256 * 2**20
+IMAGE_FORMATS = ("PNG", "JPEG")
+#: Requests read, decoded or detected at once (the rest wait up to the timeout, then get 503): bounds memory.
+MAX_ACTIVE = 4
+#: After an error answered before the body was read, how long the rest of the body is read and dropped, so that
+#: closing the socket with unread data (a TCP reset) cannot destroy the answer before the client reads it.
+LINGER_S = 2.0
+logger = logging.getLogger("geneval.detector_server")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one ``/detect`` request may carry (the reward server's names and defaults; ``max_images`` 64)."""
+
+    max_request_bytes: int = 64 * 2**20
+    max_images: int = 64
+    max_pixels: int = 4096 * 4096
+    max_request_pixels: int = 2**26
+    timeout_s: float = 60.0
+
+
+class Refused(Exception):
+    """A request answered with ``status`` (4xx) and the one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 Detect = Callable[[list[np.ndarray]], list[list[dict[str, Any]]]]
 
@@ -107,65 +147,164 @@ class Mask2FormerDetector:
         return self.color_weights[label]
 
 
-def decode(text: Any) -> np.ndarray:
-    """base64 PNG/JPEG -> uint8 RGB ``[H, W, 3]`` (``rlrunner.rewards.serving.wire.decode_image``'s job, repeated here
-    because this script cannot import rlrunner in the detector's environment)."""
+def open_image(text: Any, max_pixels: int) -> Image.Image:
+    """base64 PNG/JPEG -> a PIL image with its header checked and no pixel decoded yet (PIL decodes lazily)
+    (``rlrunner.rewards.serving.wire.open_image``'s job, repeated here because this script cannot import rlrunner
+    in the detector's environment)."""
     if not isinstance(text, str):
-        raise TypeError(f"each image must be a base64 string, got {type(text).__name__}")
+        raise Refused(400, f"each image must be a base64 string, got {type(text).__name__}")
     try:
-        return np.asarray(Image.open(io.BytesIO(base64.b64decode(text, validate=True))).convert("RGB"))
-    except (ValueError, OSError) as err:
-        raise ValueError(f"an image is not base64 PNG/JPEG ({err})") from None
+        image = Image.open(io.BytesIO(base64.b64decode(text, validate=True)), formats=IMAGE_FORMATS)
+    except Image.DecompressionBombError as err:
+        raise Refused(413, f"an image is over PIL's decompression-bomb size ({err})") from None
+    except (binascii.Error, ValueError, OSError, SyntaxError) as err:
+        raise Refused(400, f"an image is not base64 PNG/JPEG ({err})") from None
+    if image.size[0] * image.size[1] > max_pixels:
+        raise Refused(413, f"an image of {image.size[0]}x{image.size[1]} pixels is over the limit of {max_pixels} "
+                           f"(--max-pixels)")
+    return image
 
 
-def make_server(detect: Detect, host: str, port: int, token: str = "") -> ThreadingHTTPServer:
+def decode_images(body: Any, limits: Limits) -> list[np.ndarray]:
+    """uint8 RGB ``[H, W, 3]`` per image of a ``/detect`` body; count and pixels checked before any decode."""
+    if not isinstance(body, dict) or not isinstance(body.get("images"), list):
+        raise Refused(400, "expected a JSON object with an 'images' list")
+    if len(body["images"]) > limits.max_images:
+        raise Refused(413, f"{len(body['images'])} images is over the limit of {limits.max_images} (--max-batch)")
+    opened = [open_image(text, limits.max_pixels) for text in body["images"]]
+    total = sum(image.size[0] * image.size[1] for image in opened)
+    if total > limits.max_request_pixels:
+        raise Refused(413, f"the images hold {total} pixels, over the limit of {limits.max_request_pixels} per "
+                           f"request (--max-request-pixels)")
+    arrays = []
+    for image in opened:
+        try:
+            arrays.append(np.asarray(image.convert("RGB")))
+        except (ValueError, OSError, SyntaxError, EOFError) as err:
+            raise Refused(400, f"an image cannot be decoded ({err})") from None
+        finally:
+            image.close()
+    return arrays
+
+
+def make_server(detect: Detect, host: str, port: int, token: str = "", limits: Limits = Limits()) -> ThreadingHTTPServer:
     """An HTTP server answering ``/health`` and ``/detect`` with ``detect`` (not started)."""
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         raise ValueError(f"--host {host} is reachable from other machines; give a bearer token with --token-file")
+    expected = f"Bearer {token}".encode()
+    active = threading.BoundedSemaphore(MAX_ACTIVE)
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = limits.timeout_s  # the socket's: a request head or body slower than this ends the connection
+        default_request_version = "HTTP/1.0"  # not 0.9, whose answers have no status line: garbage gets a real 400
+        unread = False  # a body is left on the socket (answered before reading it)
+
         def do_GET(self) -> None:
             if not self._authorised():
                 return
             if self.path != "/health":
                 return self._reply(404, {"error": f"no route {self.path}; GET /health"})
-            self._reply(200, {"status": "ok"})
+            self._reply(200, {"status": "ok", "limits": limits.__dict__})
 
         def do_POST(self) -> None:
+            self.unread = True
             if not self._authorised():
                 return
             if self.path != "/detect":
                 return self._reply(404, {"error": f"no route {self.path}; POST /detect"})
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                return self._reply(413, {"error": f"request of {length} bytes is over {MAX_BODY_BYTES}"})
+            if not active.acquire(timeout=limits.timeout_s):
+                return self._reply(503, {"error": f"busy: {MAX_ACTIVE} requests in progress; try again"})
             try:
-                body = json.loads(self.rfile.read(length))
-                if not isinstance(body, dict) or not isinstance(body.get("images"), list):
-                    raise TypeError("expected a JSON object with an 'images' list")
-                images = [decode(im) for im in body["images"]]
-            except (ValueError, TypeError) as err:
-                return self._reply(400, {"error": str(err)})
-            self._reply(200, {"detections": detect(images)})
+                self._detect()
+            finally:
+                active.release()
+
+        def _detect(self) -> None:
+            try:
+                images = decode_images(self._read_json(), limits)
+            except Refused as err:
+                return self._reply(err.status, {"error": str(err)})
+            try:
+                answer = json.dumps({"detections": detect(images)}).encode()
+            except Exception as err:  # the detector failed: a fault of this server, which clients may retry
+                logger.exception("detect failed")
+                return self._reply(500, {"error": f"the detector failed: {type(err).__name__}: {err}"[:300]})
+            self._send(200, answer)
+
+        def _read_json(self) -> Any:
+            if self.headers.get_content_type() != "application/json":
+                raise Refused(415, f"send Content-Type: application/json, not {self.headers.get_content_type()!r}")
+            lengths = set(self.headers.get_all("Content-Length") or [])
+            if not lengths:
+                raise Refused(411, "send a Content-Length (chunked bodies are not read)")
+            text = lengths.pop().strip()
+            if lengths or not re.fullmatch(r"[0-9]{1,19}", text):
+                raise Refused(400, f"Content-Length {text!r} is not one non-negative integer")
+            length = int(text)
+            if length > limits.max_request_bytes:
+                raise Refused(413, f"a body of {length} bytes is over the limit of {limits.max_request_bytes} "
+                                   f"(--max-request-mb)")
+            try:
+                data = self.rfile.read(length)
+            except TimeoutError:
+                raise Refused(408, f"the body did not arrive within {limits.timeout_s} s") from None
+            self.unread = False
+            if len(data) < length:
+                raise Refused(400, f"the body ended after {len(data)} of its {length} bytes")
+            try:
+                return json.loads(data)
+            except (ValueError, UnicodeDecodeError) as err:
+                raise Refused(400, f"the body is not JSON ({err})") from None
+            except RecursionError:
+                raise Refused(400, "the body is JSON nested too deeply to read") from None
 
         def _authorised(self) -> bool:
-            if token and self.headers.get("Authorization") != f"Bearer {token}":
+            given = (self.headers.get("Authorization") or "").encode("utf-8", "surrogateescape")
+            if token and not hmac.compare_digest(given, expected):  # constant time: no prefix can be guessed
                 self._reply(401, {"error": "missing or wrong bearer token"})
                 return False
             return True
 
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """The stdlib's answers to requests it cannot parse, as JSON; what it calls 5xx there is the client's
+            doing (an unknown method: 405 here, not 501; an HTTP version it does not speak: 400, not 505)."""
+            code = {HTTPStatus.NOT_IMPLEMENTED: HTTPStatus.METHOD_NOT_ALLOWED,
+                    HTTPStatus.HTTP_VERSION_NOT_SUPPORTED: HTTPStatus.BAD_REQUEST}.get(code, code)
+            self.close_connection = True
+            self._reply(code, {"error": message or HTTPStatus(code).phrase})
+
         def _reply(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+            self._send(status, json.dumps(payload).encode())
+
+        def _send(self, status: int, data: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
+        def finish(self) -> None:
+            super().finish()
+            if self.unread:
+                _linger(self.connection)
+
         def log_message(self, *args: object) -> None:
             pass
 
     return ThreadingHTTPServer((host, port), Handler)
+
+
+def _linger(connection: socket.socket) -> None:
+    """Close our side, then read and drop what the client still sends for up to LINGER_S (a lingering close)."""
+    try:
+        connection.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + LINGER_S
+        while (left := deadline - time.monotonic()) > 0:
+            connection.settimeout(left)
+            if not connection.recv(2**16):
+                return
+    except OSError:
+        pass
 
 
 def main() -> None:
@@ -178,10 +317,18 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--threshold", type=float, default=0.3)
     parser.add_argument("--max-objects", type=int, default=16)
+    parser.add_argument("--max-batch", type=int, default=Limits.max_images, help="images per request")
+    parser.add_argument("--max-request-mb", type=float, default=Limits.max_request_bytes / 2**20)
+    parser.add_argument("--max-pixels", type=int, default=Limits.max_pixels, help="pixels per image")
+    parser.add_argument("--max-request-pixels", type=int, default=Limits.max_request_pixels,
+                        help="pixels over all images of a request, added up from their headers before any decode")
+    parser.add_argument("--timeout", type=float, default=Limits.timeout_s, help="socket timeout per connection (s)")
     args = parser.parse_args()
     token = Path(args.token_file).read_text().strip() if args.token_file else ""
+    limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels, args.max_request_pixels,
+                    args.timeout)
     detector = Mask2FormerDetector(args.model_path, args.config, args.device, args.threshold, args.max_objects)
-    server = make_server(detector, args.host, args.port, token)
+    server = make_server(detector, args.host, args.port, token, limits)
     print(f"GenEval detector on http://{args.host}:{args.port} ({args.device})", flush=True)
     try:
         server.serve_forever()

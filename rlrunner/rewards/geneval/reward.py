@@ -69,19 +69,7 @@ class GenEvalReward(ServiceReward):
     def _detect(self, images: list[np.ndarray]) -> list[list[Mapping[str, Any]]]:
         """POST one request; runs on the client's request threads."""
         body = self.client.request("POST", f"{self.url}/detect", {"images": [encode_image(im) for im in images]})
-        detections = body.get("detections") if isinstance(body, dict) else None
-        if not isinstance(detections, list) or len(detections) != len(images):
-            raise ServiceError(f"{self.url}/detect answered without a 'detections' list of {len(images)} entries")
-        for per_image in detections:
-            if not isinstance(per_image, list) or not all(_is_detection(d) for d in per_image):
-                raise ServiceError(f"{self.url}/detect answered a malformed detection list: {str(per_image)[:120]} "
-                                   f"(expected [{{label, box: [x0, y0, x1, y1], score, color}}])")
-        return detections
-
-
-def _is_detection(d: Any) -> bool:
-    return (isinstance(d, dict) and isinstance(d.get("label"), str) and isinstance(d.get("score"), (int, float))
-            and isinstance(d.get("box"), list) and len(d["box"]) == 4
-            and all(isinstance(v, (int, float)) and np.isfinite(v) for v in d["box"])
-            and (d.get("color") is None or isinstance(d["color"], str)))
-
+        try:
+            return scoring.parse_detections(body, len(images))
+        except ValueError as err:
+            raise ServiceError(f"{self.url}/detect answered {err}") from None

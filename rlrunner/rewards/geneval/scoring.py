@@ -22,6 +22,7 @@ zero-shot over ``COLORS``); a detection is ``{"label": str, "box": [x0, y0, x1, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,39 @@ class Detection:
 
 
 Objects = dict[str, list[Detection]]
+
+
+def parse_detections(body: object, count: int) -> list[list[Mapping[str, Any]]]:
+    """The ``detections`` of a detector server's answer for ``count`` images, each checked (a label, a finite
+    score, four finite box coordinates, a colour or null), so that scoring cannot fail on what a server sent.
+
+    Raises:
+        ValueError: the answer is not of that shape; the message quotes the first bad part.
+    """
+    detections = body.get("detections") if isinstance(body, dict) else None
+    if not isinstance(detections, list) or len(detections) != count:
+        raise ValueError(f"without a 'detections' list of {count} entries")
+    for per_image in detections:
+        if not isinstance(per_image, list) or not all(_is_detection(d) for d in per_image):
+            raise ValueError(f"a malformed detection list: {str(per_image)[:120]} (expected [{{label, box: "
+                             f"[x0, y0, x1, y1], score, color}}] with finite numbers)")
+    return detections
+
+
+def _is_number(value: object) -> bool:
+    """A finite JSON number (not a bool; an integer too long for a float is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _is_detection(d: object) -> bool:
+    return (isinstance(d, dict) and isinstance(d.get("label"), str) and _is_number(d.get("score"))
+            and isinstance(d.get("box"), list) and len(d["box"]) == 4 and all(_is_number(v) for v in d["box"])
+            and (d.get("color") is None or isinstance(d["color"], str)))
 
 
 def iou(box_a: Sequence[float], box_b: Sequence[float]) -> float:
@@ -87,12 +121,13 @@ def relative_position(a: Detection, b: Detection, threshold: float = POSITION_TH
     """Where ``a`` is relative to ``b``: the centre offset shrunk by ``threshold`` times the summed box sizes per
     axis, then a relation where its direction holds over half of the offset's length (image y points down)."""
     box_a, box_b = np.asarray(a.box, dtype=float), np.asarray(b.box, dtype=float)
-    offset = (box_a[:2] + box_a[2:]) / 2 - (box_b[:2] + box_b[2:]) / 2
-    dims = np.abs(box_a[2:] - box_a[:2]) + np.abs(box_b[2:] - box_b[:2])
-    revised = np.maximum(np.abs(offset) - threshold * dims, 0) * np.sign(offset)
-    if np.all(np.abs(revised) < 1e-3):
-        return set()
-    dx, dy = revised / np.linalg.norm(offset)
+    with np.errstate(over="ignore", invalid="ignore"):  # boxes near 1e308 (a hostile detector): no relation
+        offset = (box_a[:2] + box_a[2:]) / 2 - (box_b[:2] + box_b[2:]) / 2
+        dims = np.abs(box_a[2:] - box_a[:2]) + np.abs(box_b[2:] - box_b[:2])
+        revised = np.maximum(np.abs(offset) - threshold * dims, 0) * np.sign(offset)
+        if np.all(np.abs(revised) < 1e-3):
+            return set()
+        dx, dy = revised / np.linalg.norm(offset)
     relations = set()
     if dx < -0.5:
         relations.add("left of")

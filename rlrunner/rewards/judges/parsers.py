@@ -44,11 +44,14 @@ UNIFIEDREWARD2_TEMPLATE = (
 )
 YESNO_TEMPLATE = "Does this image show {prompt}? Answer with one word, yes or no."
 
+#: How far above 0 a served logprob may be (float rounding of a certain token) before it is malformed.
+LOGPROB_ROUNDING = 1e-4
 #: UnifiedReward 2.0's three axes, all required in a reply.
 AXES = ("Alignment", "Coherence", "Style")
 
-_FINAL_SCORE = re.compile(r"Final Score:\s*\**\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
-_AXIS_SCORE = re.compile(r"(\w+) Score \(1-5\):\s*\**\s*(\d+(?:\.\d+)?)")
+# Linear time on any reply: `\s*\**\s*` (and `(\w+) Score`) backtracked quadratically, 20 s on 20,000 spaces
+_FINAL_SCORE = re.compile(r"Final Score:\s*(?:\*+\s*)?(\d+(?:\.\d+)?)", re.IGNORECASE)
+_AXIS_SCORE = re.compile(rf"\b({'|'.join(AXES)}) Score \(1-5\):\s*(?:\*+\s*)?(\d+(?:\.\d+)?)")
 
 
 class UnparsableReply(ValueError):
@@ -89,18 +92,33 @@ def parse_three_axes(reply: str) -> float:
 def yes_probability(top_logprobs: Sequence[Mapping[str, Any]]) -> float:
     """``P(yes) / (P(yes) + P(no))`` from one token's ``top_logprobs`` (``[{"token": str, "logprob": float}]``).
 
-    Tokens are compared stripped and lower-cased, so ``Yes``, `` yes`` and ``YES`` all count as yes.
+    Tokens are compared stripped and lower-cased, so ``Yes``, `` yes`` and ``YES`` all count as yes. A logprob
+    that is not a finite number <= 0 (NaN, inf, 1000, null, a string: a broken endpoint) is UnparsableReply, so
+    one bad answer costs one sample, never a NaN reward or the run.
     """
     mass = {"yes": 0.0, "no": 0.0}
     for entry in top_logprobs:
         word = str(entry.get("token", "")).strip().lower()
         if word in mass:
-            mass[word] += math.exp(float(entry["logprob"]))
+            mass[word] += math.exp(_logprob(entry.get("logprob")))
     total = mass["yes"] + mass["no"]
     if total <= 0.0:
         tokens = [e.get("token") for e in top_logprobs][:5]
         raise UnparsableReply(f"neither yes nor no among the top tokens {tokens} (raise reward.top_logprobs?)")
     return mass["yes"] / total
+
+
+def _logprob(value: Any) -> float:
+    """``value`` as a log-probability; up to LOGPROB_ROUNDING above 0 is taken as 0 (servers round)."""
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer too long for a float
+        number = math.nan
+    if not math.isfinite(number):
+        raise UnparsableReply(f"logprob {str(value)[:40]} is not a finite number")
+    if number > LOGPROB_ROUNDING:
+        raise UnparsableReply(f"logprob {number!r} is above 0 (a probability over 1)")
+    return min(number, 0.0)
 
 
 def first_token_logprobs(body: Any) -> list[dict[str, Any]]:

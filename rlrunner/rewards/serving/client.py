@@ -111,7 +111,7 @@ class ServiceClient:
             try:  # stdlib json, not response.json(): requests switches to simplejson when installed, which
                 # rejects NaN, and a NaN reward must reach the finite-number check with its own message
                 return json.loads(response.content)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
                 raise ServiceError(f"{url} answered with a body that is not JSON: {response.text[:120]!r}") from None
         raise ServiceError(f"{url} failed after {self.max_retries + 1} attempt(s): {last}")
 
@@ -137,9 +137,9 @@ class ServiceClient:
 def _error_text(response: Any) -> str:
     """The server's one-line error: the ``error`` field of a JSON body, else the start of the body."""
     try:
-        body = response.json()
+        body = json.loads(response.content)
         text = body.get("error") if isinstance(body, dict) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         text = None
     return " ".join(str(text or response.text or response.reason).split())[:200]
 

@@ -1,14 +1,18 @@
 """The reward server's HTTP application (aiohttp): ``/score``, ``/health`` and an OpenAI-style OCR "model".
 
-    GET  /health                 {"status": "ok", "reward": name, "images_scored": n, "max_images": ..., ...}
+    GET  /health                 {"status": "ok", "reward": name, "images_scored": n, "limits": {...}}
     POST /score                  wire.py's format: scores with the served reward
     GET  /v1/models              the one model name this server answers to
     POST /v1/chat/completions    reads the text in the message's images with the served OCR reward's engine
 
 Every route needs ``Authorization: Bearer <token>`` when the server has a token (compared in constant time).
-Bodies are JSON; nothing is unpickled. Oversized requests get 413, malformed ones 400, each with a JSON
-``{"error": "..."}`` line. Scoring runs on ``workers`` threads (OCR engines release the GIL), so the event loop
-keeps answering while images are scored.
+Bodies are ``application/json`` (415 otherwise: a browser page cannot post a CORS-simple ``text/plain`` body) with a
+``Content-Length`` (411 without; a malformed one 400); nothing is unpickled. Every failure is answered, never a
+dropped connection, with a JSON ``{"error": "..."}`` line and its status: 400 malformed, 401 token, 408 a body
+slower than ``timeout_s``, 413 over a limit (:class:`Limits`), 415, and 500 only for a fault of the server itself
+(its reward raised), the one answer clients retry. The pixels of a request are added up from the image headers
+before any image is decoded. Scoring runs on ``workers`` threads (OCR engines release the GIL), so the event loop
+keeps answering while images are scored; at most ``2 * workers`` requests hold a body or pixels at once.
 
 Built by ``python -m rlrunner.serve_reward``; aiohttp is imported only here.
 """
@@ -16,8 +20,10 @@ Built by ``python -m rlrunner.serve_reward``; aiohttp is imported only here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,22 +32,31 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from PIL import Image
 
 from ..ocr.reward import OcrReward
 from ..registry import Reward
-from .wire import MalformedMessage, TooLarge, data_url_payload, decode_image
+from .wire import MalformedMessage, TooLarge, data_url_payload, image_pixels, open_image
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may carry: ``max_request_bytes`` of body, ``max_images`` images (video frames count),
-    ``max_pixels`` pixels per image."""
+    """What one request may carry and how long it may take to arrive.
+
+    ``max_request_bytes`` of body (64 MiB), ``max_images`` images (256; video frames count), ``max_pixels`` pixels
+    per image (4096²) and ``max_request_pixels`` over all its images (2**26 = 256 images of 512², 192 MiB decoded);
+    ``timeout_s`` (60) for a body to arrive, and for an idle connection before it is closed.
+    """
 
     max_request_bytes: int = 64 * 2**20
     max_images: int = 256
     max_pixels: int = 4096 * 4096
+    max_request_pixels: int = 2**26
+    timeout_s: float = 60.0
 
 
 def build_app(reward: Reward, limits: Limits, workers: int = 1, token: str = "",
@@ -57,15 +72,53 @@ def build_app(reward: Reward, limits: Limits, workers: int = 1, token: str = "",
     return app
 
 
+def serve(app: web.Application, host: str, port: int, timeout_s: float) -> None:
+    """Serve ``app`` on ``host:port`` until interrupted; connections idle for ``timeout_s`` are closed."""
+    asyncio.run(_serve(app, host, port, timeout_s))
+
+
+async def _serve(app: web.Application, host: str, port: int, timeout_s: float) -> None:
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=timeout_s)
+    await runner.setup()
+    loop, server = asyncio.get_running_loop(), runner.server
+    # aiohttp's own protocol, with JSON answers to requests it cannot parse (``_kwargs``: aiohttp is pinned)
+    listener = await loop.create_server(lambda: _JsonErrorProtocol(server, loop=loop, **server._kwargs), host, port)
+    try:
+        await listener.serve_forever()
+    finally:
+        listener.close()
+        await runner.cleanup()
+
+
+class _JsonErrorProtocol(RequestHandler):
+    """aiohttp answers a request it cannot parse (a negative or non-numeric Content-Length, a garbled request line,
+    an oversized header) with plain text; this answers it with the JSON error line of every other failure."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp: a reply already half sent cannot become another one
+            raise ConnectionError("an answer is sent already, cannot send the error answer")
+        text = (message or "internal server error").split("\n")[0].rstrip(": ")[:200]
+        # one short line, not aiohttp's log of the offending bytes: a client sending 1 MiB of garbage per request
+        # must not write 1 MiB of log per request
+        logger.warning("HTTP %d to %s: %s", status, request.remote, text, exc_info=status >= 500)
+        response = web.json_response({"error": text}, status=status)
+        response.force_close()
+        return response
+
+
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every HTTP error as ``{"error": "<one line>"}`` with its status (aiohttp's 413 included)."""
+    """Every failure as ``{"error": "<one line>"}`` with its status (aiohttp's 413 included; 500 for a fault here)."""
     try:
         return await handler(request)
     except web.HTTPException as err:
         if err.status < 400:
             raise
         return web.json_response({"error": err.text or err.reason}, status=err.status, headers=_auth_header(err))
+    except Exception as err:  # the served reward raised: a server fault, which clients may retry
+        logger.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": f"the server failed: {type(err).__name__}: {err}"[:300]}, status=500)
 
 
 def _auth_header(err: web.HTTPException) -> dict[str, str]:
@@ -78,7 +131,7 @@ def _bearer(token: str) -> Callable[[web.Request, Handler], Awaitable[web.Stream
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if token and not hmac.compare_digest(given, expected):  # constant time: no token prefix can be guessed
             raise web.HTTPUnauthorized(text="missing or wrong bearer token (Authorization: Bearer <token>)",
                                        headers={"WWW-Authenticate": "Bearer"})
@@ -93,20 +146,23 @@ class RewardService:
     def __init__(self, reward: Reward, limits: Limits, workers: int, served_model: str) -> None:
         self.reward, self.limits, self.served_model = reward, limits, served_model
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
+        # requests past it wait before reading their body: memory stays within 2 * workers requests' limits
+        self.admitted = asyncio.Semaphore(2 * workers)
         self.images_scored = 0  # reported by /health: lets an operator (and the tests) see what was scored
 
     async def close(self, _app: web.Application) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def health(self, _request: web.Request) -> web.Response:
+        """Status and the limits, which clients read to size their requests (``remote`` splits long videos)."""
         return web.json_response({"status": "ok", "reward": self.reward.spec.model, "engine": self.reward.spec.engine,
-                                  "max_images": self.limits.max_images, "max_request_bytes": self.limits.max_request_bytes,
-                                  "images_scored": self.images_scored})
+                                  "limits": dataclasses.asdict(self.limits), "images_scored": self.images_scored})
 
     async def score(self, request: web.Request) -> web.Response:
-        body = await _read_json(request)
-        prompts, images = _score_request(body, self.limits.max_images)
-        answer = await self._run(self._score, prompts, images)
+        async with self.admitted:
+            body = await _read_json(request, self.limits)
+            prompts, images = _score_request(body, self.limits.max_images)
+            answer = await self._run(self._score, prompts, images)
         self.images_scored += sum(len(e) if isinstance(e, list) else 1 for e in images)
         return web.json_response(answer)
 
@@ -118,16 +174,18 @@ class RewardService:
         if not isinstance(self.reward, OcrReward):
             raise web.HTTPNotFound(text=f"this server's reward ({self.reward.spec.model}) reads no text; start it "
                                         f"with --reward ocr to serve chat completions")
-        body = await _read_json(request)
-        images = _chat_images(body)
-        if len(images) > self.limits.max_images:
-            raise web.HTTPRequestEntityTooLarge(self.limits.max_images, len(images),
-                                                text=f"{len(images)} images is over the limit of "
-                                                     f"{self.limits.max_images} (--max-batch)")
-        text = await self._run(self._read_text, images)
+        async with self.admitted:
+            body = await _read_json(request, self.limits)
+            images = _chat_images(body)
+            if len(images) > self.limits.max_images:
+                raise web.HTTPRequestEntityTooLarge(self.limits.max_images, len(images),
+                                                    text=f"{len(images)} images is over the limit of "
+                                                         f"{self.limits.max_images} (--max-batch)")
+            text = await self._run(self._read_text, images)
+        model = body.get("model") if isinstance(body.get("model"), str) else self.served_model
         return web.json_response({
             "id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model") or self.served_model,
+            "model": model or self.served_model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         })
@@ -137,26 +195,42 @@ class RewardService:
         try:
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
         except TooLarge as err:
-            raise web.HTTPRequestEntityTooLarge(self.limits.max_pixels, 0, text=str(err)) from None
+            raise web.HTTPRequestEntityTooLarge(self.limits.max_request_pixels, 0, text=str(err)) from None
         except MalformedMessage as err:
             raise web.HTTPBadRequest(text=str(err)) from None
 
+    def _open(self, named: list[tuple[str, str]]) -> list[Image.Image]:
+        """Every image's header read and checked, and their pixels added up, before any pixel is decoded."""
+        opened, total = [], 0
+        for name, text in named:
+            image = _named(open_image, name, text, self.limits.max_pixels)
+            opened.append(image)
+            total += image.size[0] * image.size[1]
+            if total > self.limits.max_request_pixels:
+                raise TooLarge(f"the images hold over {total} pixels, over the server's limit of "
+                               f"{self.limits.max_request_pixels} per request (--max-request-pixels)")
+        return opened
+
     def _score(self, prompts: list[str], images: list[str | list[str]]) -> dict[str, Any]:
         """Decode and score; a video's frames are scored as images and come back as lists."""
-        flat, owners = [], []
+        named, owners = [], []
         for b, entry in enumerate(images):
             for f, text in enumerate(entry if isinstance(entry, list) else [entry]):
-                name = f"images[{b}][{f}]" if isinstance(entry, list) else f"images[{b}]"
-                flat.append(_decode(text, name, self.limits.max_pixels))
+                named.append((f"images[{b}][{f}]" if isinstance(entry, list) else f"images[{b}]", text))
                 owners.append(b)
-        scores = np.zeros(len(flat), dtype=np.float32)
-        errors: list[str | None] = [None] * len(flat)
+        opened = self._open(named)
+        scores = np.zeros(len(opened), dtype=np.float32)
+        errors: list[str | None] = [None] * len(opened)
         parts: dict[str, np.ndarray] = {}
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for i, image in enumerate(flat):  # the reward takes one array: score each image size on its own
-            by_shape.setdefault(image.shape, []).append(i)
-        for index in by_shape.values():
-            out = self.reward(np.stack([flat[i] for i in index]), [prompts[owners[i]] for i in index])
+        by_size: dict[tuple[int, int], list[int]] = {}
+        for i, image in enumerate(opened):  # the reward takes one array: score each image size on its own
+            by_size.setdefault(image.size, []).append(i)
+        for (width, height), index in by_size.items():
+            batch = np.empty((len(index), height, width, 3), dtype=np.uint8)  # decoded straight into it: one copy
+            for k, i in enumerate(index):
+                batch[k] = _named(image_pixels, named[i][0], opened[i])
+            out = self.reward(batch, [prompts[owners[i]] for i in index])
+            del batch
             scores[index] = out.avg
             mask = out.extra.get("error_mask", np.zeros(len(index), dtype=bool))
             reasons = out.extra.get("image_errors") or [f"scored 0 by {self.reward.spec.model}" if m else None
@@ -164,24 +238,26 @@ class RewardService:
             for i, reason in zip(index, reasons):
                 errors[i] = reason
             for name, values in out.parts.items():
-                parts.setdefault(name, np.zeros(len(flat), dtype=np.float32))[index] = values
+                parts.setdefault(name, np.zeros(len(opened), dtype=np.float32))[index] = values
         return {"rewards": _regroup(scores.tolist(), images), "errors": _regroup(errors, images),
                 "parts": {name: _regroup(values.tolist(), images) for name, values in parts.items()}}
 
     def _read_text(self, images: list[str]) -> str:
         """The OCR reward's recognised text of each image (after its alphabet filter), one line per image."""
+        names = [f"image_url {i}" for i in range(len(images))]
         texts = []
-        for i, text in enumerate(images):
-            image = _decode(text, f"image_url {i}", self.limits.max_pixels)
+        for name, image in zip(names, self._open(list(zip(names, images)))):
+            pixels = _named(image_pixels, name, image)
             # the prompt only feeds the score, which a reader does not need; any non-empty target will do
-            _, read, _ = self.reward.score_images(image[None], ["text"], [None])  # type: ignore[attr-defined]
+            _, read, _ = self.reward.score_images(pixels[None], ["text"], [None])  # type: ignore[attr-defined]
             texts.append(read[0])
         return "\n".join(texts)
 
 
-def _decode(text: str, name: str, max_pixels: int) -> np.ndarray:
+def _named(fn: Callable[..., Any], name: str, *args: Any) -> Any:
+    """``fn(*args)`` with its TooLarge or MalformedMessage message prefixed by the image's ``name``."""
     try:
-        return decode_image(text, max_pixels)
+        return fn(*args)
     except TooLarge as err:
         raise TooLarge(f"{name}: {err}") from None
     except MalformedMessage as err:
@@ -201,12 +277,27 @@ def _regroup(values: list[Any], images: list[str | list[str]]) -> list[Any]:
     return out
 
 
-async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()  # aiohttp answers 413 past client_max_size
+async def _read_json(request: web.Request, limits: Limits) -> Any:
+    """The request's JSON body, its type and length checked before it is read, and read within ``timeout_s``."""
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(text=f"send Content-Type: application/json, not {request.content_type!r}")
+    length = request.content_length
+    if length is None:
+        raise web.HTTPLengthRequired(text="send a Content-Length (chunked bodies are not read)")
+    if length > limits.max_request_bytes:
+        raise web.HTTPRequestEntityTooLarge(limits.max_request_bytes, length,
+                                            text=f"a body of {length} bytes is over the server's limit of "
+                                                 f"{limits.max_request_bytes} (--max-request-mb)")
+    try:
+        raw = await asyncio.wait_for(request.read(), limits.timeout_s)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the body did not arrive within {limits.timeout_s} s") from None
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
         raise web.HTTPBadRequest(text=f"the body is not JSON ({err})") from None
+    except RecursionError:
+        raise web.HTTPBadRequest(text="the body is JSON nested too deeply to read") from None
 
 
 def _score_request(body: Any, max_images: int) -> tuple[list[str], list[str | list[str]]]:

@@ -8,7 +8,9 @@
                "parts":   {name: [float | [float] * F] * B}}
 
 A video is a list of its frames; the server scores every frame as an image and the client groups the frame scores
-into chunks (``frame_interval``), exactly as the local ``video_ocr`` reward does.
+into chunks (``frame_interval``), exactly as the local ``video_ocr`` reward does. A video with more frames than the
+server takes in one request (the ``limits`` its ``GET /health`` states) travels as consecutive pieces of its frames,
+each an entry of its own with the video's prompt.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
+from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image
@@ -41,12 +45,20 @@ def encode_image(image: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def decode_image(text: str, max_pixels: int) -> np.ndarray:
-    """base64 PNG or JPEG -> uint8 ``[H, W, 3]``.
+def encoded_size_bound(height: int, width: int) -> int:
+    """The most characters :func:`encode_image` can give an ``[height, width, 3]`` image: its raw rows (and PNG's
+    filter byte per row) even when nothing compresses, zlib's and PNG's framing, then base64's 4/3."""
+    raw = height * (3 * width + 1)
+    return 4 * -(-(raw + raw // 1000 + 1024) // 3)
+
+
+def open_image(text: str, max_pixels: int) -> Image.Image:
+    """base64 PNG or JPEG -> a PIL image whose header (format, size) is read and checked; no pixel is decoded yet
+    (PIL decodes lazily), so a server can add up the pixels of a whole request before it decodes any.
 
     Raises:
         MalformedMessage: not base64, not a PNG or JPEG.
-        TooLarge: more than ``max_pixels`` pixels (checked from the header, before the pixels are decoded).
+        TooLarge: more than ``max_pixels`` pixels, or a size PIL itself calls a decompression bomb.
     """
     if not isinstance(text, str):
         raise MalformedMessage(f"expected a base64 string, got {type(text).__name__}")
@@ -54,19 +66,31 @@ def decode_image(text: str, max_pixels: int) -> np.ndarray:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as err:
         raise MalformedMessage(f"not base64 ({err})") from None
-    try:
-        image = Image.open(io.BytesIO(data))
-    except (OSError, Image.DecompressionBombError) as err:
+    try:  # formats=: no other decoder ever sees these bytes
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+    except Image.DecompressionBombError as err:
+        raise TooLarge(f"image over PIL's decompression-bomb size ({err})") from None
+    except (OSError, ValueError, SyntaxError) as err:  # PIL's plugins raise all three on garbage
         raise MalformedMessage(f"not a PNG or JPEG image ({err})") from None
-    if image.format not in IMAGE_FORMATS:
-        raise MalformedMessage(f"image format {image.format} is not one of {list(IMAGE_FORMATS)}")
     width, height = image.size
     if width * height > max_pixels:
         raise TooLarge(f"image of {width}x{height} pixels is over the server's limit of {max_pixels} (--max-pixels)")
+    return image
+
+
+def image_pixels(image: Image.Image) -> np.ndarray:
+    """Decode an :func:`open_image` result -> uint8 ``[H, W, 3]``; MalformedMessage when its data is corrupt."""
     try:
         return np.asarray(image.convert("RGB"))
-    except OSError as err:  # truncated or corrupt pixel data
+    except (OSError, ValueError, SyntaxError, EOFError) as err:  # truncated or corrupt pixel data
         raise MalformedMessage(f"cannot decode the image ({err})") from None
+    finally:
+        image.close()  # frees PIL's own copy of the decoded pixels now, not when the request ends
+
+
+def decode_image(text: str, max_pixels: int) -> np.ndarray:
+    """base64 PNG or JPEG -> uint8 ``[H, W, 3]`` (:func:`open_image`, then :func:`image_pixels`)."""
+    return image_pixels(open_image(text, max_pixels))
 
 
 def data_url(image: np.ndarray) -> str:
@@ -82,11 +106,18 @@ def data_url_payload(url: str) -> str:
 
 
 def _is_score(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+    """A finite JSON number (an integer too long for a float is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
-def parse_score_response(body: object, count: int, frames: int) -> list[list[tuple[float, str | None]]]:
-    """``count`` samples of ``frames`` ``(score, error)`` pairs from a ``/score`` answer (``frames = 1``: images).
+def parse_score_response(body: object, frames: Sequence[int | None]) -> list[list[tuple[float, str | None]]]:
+    """Per request entry, its ``(score, error)`` pairs from a ``/score`` answer: ``frames[i]`` None for an image
+    (one pair, sent as a plain score), else the entry's number of video frames (lists of that length).
 
     Raises:
         MalformedMessage: the answer does not have that shape (a service bug or not a reward server).
@@ -95,15 +126,18 @@ def parse_score_response(body: object, count: int, frames: int) -> list[list[tup
             body.get("errors"), list):
         raise MalformedMessage("expected a JSON object with 'rewards' and 'errors' lists")
     rewards, errors = body["rewards"], body["errors"]
-    if len(rewards) != count or len(errors) != count:
-        raise MalformedMessage(f"expected {count} rewards and errors, got {len(rewards)} and {len(errors)}")
+    if len(rewards) != len(frames) or len(errors) != len(frames):
+        raise MalformedMessage(f"expected {len(frames)} rewards and errors, got {len(rewards)} and {len(errors)}")
     samples = []
-    for reward, error in zip(rewards, errors):
-        scores, reasons = (reward, error) if frames > 1 else ([reward], [error])
-        if not isinstance(scores, list) or not isinstance(reasons, list) or not len(scores) == len(reasons) == frames:
-            raise MalformedMessage(f"expected {frames} scores and errors per sample, got {reward!r} and {error!r}")
+    for reward, error, count in zip(rewards, errors, frames):
+        scores, reasons = ([reward], [error]) if count is None else (reward, error)
+        if not isinstance(scores, list) or not isinstance(reasons, list) or not len(scores) == len(reasons) == (
+                count or 1):
+            raise MalformedMessage(f"expected {count or 1} scores and errors per entry, got {str(reward)[:60]} and "
+                                   f"{str(error)[:60]}")
         if not all(_is_score(s) for s in scores) or not all(r is None or isinstance(r, str) for r in reasons):
-            raise MalformedMessage(f"expected finite numbers and null/string errors, got {reward!r} and {error!r}")
+            raise MalformedMessage(f"expected finite numbers and null/string errors, got {str(reward)[:60]} and "
+                                   f"{str(error)[:60]}")
         samples.append([(float(s), r) for s, r in zip(scores, reasons)])
     return samples
 
