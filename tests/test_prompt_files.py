@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -120,7 +121,7 @@ class MetadataProbe(Reward):
 
     name = "metadata_probe"
     uses_metadata = True
-    seen: list[dict] = []  # every record it was handed (in-process workers), in order
+    seen: ClassVar[list[dict]] = []  # every record it was handed (in-process workers), in order
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict] | None = None) -> RewardOutput:
         MetadataProbe.seen += metadata
