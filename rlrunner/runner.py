@@ -140,7 +140,7 @@ class Runner:
     def sample_step_rows(self) -> list[int]:
         """This step's prompts, as rows of the training prompt set."""
         epochs = [self.sampler.sample(self.prompts_per_epoch) for _ in range(self.cfg.env.train.rollout_epoch)]
-        return [p for epoch in epochs for p in epoch]
+        return [row for epoch in epochs for row in epoch]
 
     def train_rollout(self, timer: StepTimer) -> tuple[Rollout, RewardOutput]:
         """This step's rollout: the one started during the previous step, or a fresh one."""
@@ -320,7 +320,7 @@ class Runner:
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
                  "nonfinite_in_a_row": self.nonfinite_in_a_row,
                  "reward_failures_in_a_row": self.reward_failures_in_a_row,
-                 # a rollout started ahead is replayed on resume: its prompts and the adapters that sampled it
+                 # a rollout started ahead is replayed on resume: its prompt rows and the adapters that sampled it
                  "ahead": None if self.ahead is None else {"rows": self.ahead.rows, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
         actor_state = self.turns.actor_call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
