@@ -342,14 +342,16 @@ class RayCluster(Cluster):
         try:
             serial = next(_SPAWNS)
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
-            # only a group that forms a process group (the actor's, of 2+ ranks) binds a rendezvous store
-            forms_group = len(devices) > 1 and getattr(worker_cls, "forms_process_group", False)
-            timeout = self.worker_timeout_s if forms_group else None
-            started = [(rank, h.node_info.remote(timeout if rank == 0 else None)) for rank, h in enumerate(hosts)]
+            # only a group that forms a process group (the actor's) waits on collectives, and binds a rendezvous
+            # store when it has 2+ ranks (one rank forms its group alone, actor.one_rank_group)
+            timeout = self.worker_timeout_s if getattr(worker_cls, "forms_process_group", False) else None
+            rendezvous = timeout is not None and len(devices) > 1
+            started = [(rank, h.node_info.remote(timeout if rank == 0 and rendezvous else None))
+                       for rank, h in enumerate(hosts)]
             names = [f"node {k} = {self.nodes[k].describe()}" for k in map(self.placement.node_of, devices)]  # pinned
             infos = gather(role, names, "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
-            master = (ips[0], infos[0]["port"], timeout) if forms_group else (None, None, None)
+            master = (ips[0], infos[0]["port"], timeout) if rendezvous else (None, None, timeout)
             threads = thread_env(self.cpus_per_worker)
             refs = [
                 (rank, host.construct.remote({**self._env(rank, node_ids, *master), **threads}, worker_cls, args,
