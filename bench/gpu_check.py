@@ -14,7 +14,8 @@ its own process, so that one failing part is recorded in the table and the other
           with the EMA adapter, then NFT optimizer steps (micro-batches with accumulation, AdamW, clip, EMA)
   runner  the whole runner: sd3_nft_ocr through the launcher for 2 steps on one GPU (NCCL group of 1), eval and
           checkpoint at step 2, then a second launch resumes from that checkpoint to step 3
-  qwen    qwen_image_nft_ocr the same way (actor.strategy fsdp2, cluster.enable_offload), --qwen-layers blocks
+  qwen    qwen_image_nft_ocr the same way (actor.strategy fsdp2: on one GPU over a one-rank mesh; cluster.enable_offload),
+          --qwen-layers blocks
   wan     Wan2.2 TI2V-5B rollouts + NFT steps as an image model (1 frame) and a video model (5 frames)
 
 Runs use small prompt counts (the script writes its own prompts) and score with rapidocr on the CPU. The table

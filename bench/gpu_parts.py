@@ -298,6 +298,9 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
         overrides.append(f"cluster.num_devices_per_node={gpus}")
     cfg = load_recipe(recipe, overrides)  # a recipe error shows here, before any launch
     ranks = f"{cfg.actor.strategy} over {gpus} rank{'s' if gpus > 1 else ''}"
+    if cfg.actor.strategy == "fsdp2" and gpus == 1:  # one rank still shards: DTensors over a one-rank mesh
+        overrides.append("actor.one_rank_group=true")
+        ranks = "fsdp2 over a one-rank mesh"
     label = f"{recipe} ({ranks}{', offload' if cfg.cluster.enable_offload else ''})"
     with PeakMemory(gpu) as memory:
         first = launch(recipe, [*overrides, "runner.max_steps=2"], workdir / "first", timeout)

@@ -103,7 +103,7 @@ def run_summary(log_dir: Path, steps: int, seconds: float, tensorboard: bool) ->
     TensorBoard and export the last checkpoint's LoRA."""
     metrics = log_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    evals = [(r["step"], r["eval/avg"]) for r in records if "eval/avg" in r]
+    evals = [(r["step"], r["eval/avg"]) for r in records if r.get("eval/avg") is not None]  # null: NaN
     checkpoints = complete_checkpoints(log_dir / "checkpoints")
     minutes, secs = divmod(round(seconds), 60)
     lines = [f"rlrunner: done: {steps} step(s) in {minutes}m{secs:02d}s; logs in {log_dir}"]

@@ -5,8 +5,12 @@
 
 The output folder holds ``pytorch_lora_weights.safetensors`` (diffusers' LoRA format), ``model.yaml`` (the run's
 ``actor.model`` block with absolute paths and ``lora_path`` set to this folder, for rlrunner's ``build_model``) and
-a README naming the algorithm, the base model and how to load it: with the family's diffusers pipeline, or with
+a card naming the algorithm, the base model and how to load it: with the family's diffusers pipeline, or with
 rlrunner for the tiny model, which has no diffusers pipeline.
+
+The card is ``README.md``, unless the folder already holds a README.md that an export did not write: that one is
+the user's and stays; the card is then ``RLRUNNER_CARD.md``. Only the files the export writes are made readable by
+all (0644); other files of an existing folder keep their modes (a 0600 ``.netrc`` stays private).
 """
 
 from __future__ import annotations
@@ -26,6 +30,19 @@ ALGORITHM_TITLES = {"nft": "DiffusionNFT", "flow_grpo": "FlowGRPO", "awm": "AWM,
 # families without a diffusers pipeline of their own (the tiny model saves its LoRA in diffusers' format only)
 RLRUNNER_ONLY_FAMILIES = ("tiny",)
 REPO_ROOT = Path(__file__).resolve().parents[1]
+CARD_TITLE = "# LoRA adapter ("  # how every card begins: a README.md that does not was written by someone else
+CARD_FALLBACK = "RLRUNNER_CARD.md"  # the card's name beside a user's own README.md
+
+
+def card_file(out_dir: Path) -> Path:
+    """Where the card goes in ``out_dir``: README.md when absent or a card of an earlier export, else
+    :data:`CARD_FALLBACK`."""
+    readme = out_dir / "README.md"
+    if not readme.is_file():
+        return readme
+    with readme.open(encoding="utf-8", errors="replace") as text:
+        first = text.readline()
+    return readme if first.startswith(CARD_TITLE) and "trained with rlrunner" in first else out_dir / CARD_FALLBACK
 
 
 def base_model_location(model_path: str) -> str:
@@ -42,7 +59,7 @@ def model_card(algorithm: str, adapter: str, manifest: dict, base: str, checkpoi
     """The exported folder's README: what trained the adapter, on which base model, and how to load it."""
     model_type = manifest["model_type"]
     lines = [
-        f"# LoRA adapter ({adapter}) trained with rlrunner ({ALGORITHM_TITLES.get(algorithm, algorithm)})\n",
+        f"{CARD_TITLE}{adapter}) trained with rlrunner ({ALGORITHM_TITLES.get(algorithm, algorithm)})\n",
         f"- algorithm: `{algorithm}`",
         f"- base model: `{base}` (model_type `{model_type}`)",
         f"- LoRA rank {manifest['lora_rank']}, alpha {manifest['lora_alpha']}",
@@ -73,8 +90,9 @@ def model_card(algorithm: str, adapter: str, manifest: dict, base: str, checkpoi
 
 
 def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:
-    """Copy ``adapter`` of ``checkpoint`` (a global_step_N dir or a run's log dir) to ``out`` with its card and
-    ``model.yaml``; every file readable by all (0644). Returns ``out`` as an absolute path."""
+    """Copy ``adapter`` of ``checkpoint`` (a global_step_N dir or a run's log dir) to ``out`` with its card
+    (:func:`card_file`) and ``model.yaml``; the files written are readable by all (0644), others in ``out`` are left
+    as they are. Returns ``out`` as an absolute path."""
     if adapter not in ADAPTER_DIRS:
         raise ValueError(f"unknown adapter {adapter!r}; valid: {sorted(ADAPTER_DIRS)}")
     path = resolve_resume_dir(checkpoint, Path("."), "")
@@ -87,18 +105,19 @@ def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:
     config = OmegaConf.load(path / "config.yaml")
     out_dir = Path(out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
     for file in source.iterdir():
-        shutil.copyfile(file, out_dir / file.name)  # not copy2: checkpoint files may be private (0600)
+        written.append(Path(shutil.copyfile(file, out_dir / file.name)))  # not copy2: they may be private (0600)
     base = base_model_location(manifest["model_path"])
     model_cfg = config.actor.model
     model_cfg.model_path = base
     model_cfg[model_cfg.model_type].lora_path = str(out_dir)
-    (out_dir / "model.yaml").write_text(OmegaConf.to_yaml(model_cfg))
-    card = model_card(str(config.algorithm.name), adapter, manifest, base, path.resolve(), out_dir)
-    (out_dir / "README.md").write_text(card)
-    for file in out_dir.iterdir():
-        if file.is_file():
-            file.chmod(0o644)
+    written.append(out_dir / "model.yaml")
+    written[-1].write_text(OmegaConf.to_yaml(model_cfg))
+    written.append(card_file(out_dir))
+    written[-1].write_text(model_card(str(config.algorithm.name), adapter, manifest, base, path.resolve(), out_dir))
+    for file in written:
+        file.chmod(0o644)
     return out_dir
 
 
@@ -114,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError) as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return 2
-    print(f"exported the {args.adapter} adapter to {out} (how to load it: {out / 'README.md'})")
+    print(f"exported the {args.adapter} adapter to {out} (how to load it: {card_file(out)})")
     return 0
 
 

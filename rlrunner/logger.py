@@ -102,7 +102,9 @@ class RunLogger:
 
     def scalars(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items()}
-        self.jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+        # strict JSON (jq, JSON.parse): a NaN or infinite value is written as null; TensorBoard keeps the number
+        finite = {k: v if math.isfinite(v) else None for k, v in clean.items()}
+        self.jsonl.write(json.dumps({"step": step, **finite}, allow_nan=False) + "\n")
         if self.writer is not None:
             for name, value in clean.items():
                 self.writer.add_scalar(name, value, step)

@@ -57,7 +57,7 @@ class Runner:
         placement = cluster.placement
         datasets = load_datasets(env)
         self.train_prompts, self.eval_prompts = datasets["train"].prompts, datasets["eval"].prompts
-        self.sampler = PromptSampler(self.train_prompts, derive_seed(run.seed, "prompts", 0))
+        self.sampler = PromptSampler(len(self.train_prompts), derive_seed(run.seed, "prompts", 0))
         self.prompts_per_epoch = env.train.total_num_envs // alg.group_size
         samples_per_step = env.train.total_num_envs * env.train.rollout_epoch
         steps_per_epoch = math.ceil(len(self.train_prompts) / (self.prompts_per_epoch * env.train.rollout_epoch))
@@ -69,7 +69,7 @@ class Runner:
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env))
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
-        self.env.call("set_prompt_metadata", {split: data.by_prompt() for split, data in datasets.items()})
+        self.env.call("set_prompt_metadata", {split: data.metadata for split, data in datasets.items()})
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
         self.nonfinite_in_a_row = 0
@@ -117,7 +117,7 @@ class Runner:
             with timer("advantages"):
                 advantages = self.advantages(reward)
             if self.cfg.runner.rollout_ahead and self.step + 1 < self.max_steps:
-                self.start_rollout_ahead(self.sample_step_prompts(), self.step + 1)
+                self.start_rollout_ahead(self.sample_step_rows(), self.step + 1)
             with timer("train"):
                 actor_metrics = self.update(rollout, advantages)
             with timer("rollout_wait"):
@@ -137,14 +137,15 @@ class Runner:
         return metrics
 
     # ------------------------------------------------------------------ phases
-    def sample_step_prompts(self) -> list[str]:
+    def sample_step_rows(self) -> list[int]:
+        """This step's prompts, as rows of the training prompt set."""
         epochs = [self.sampler.sample(self.prompts_per_epoch) for _ in range(self.cfg.env.train.rollout_epoch)]
-        return [p for epoch in epochs for p in epoch]
+        return [row for epoch in epochs for row in epoch]
 
     def train_rollout(self, timer: StepTimer) -> tuple[Rollout, RewardOutput]:
         """This step's rollout: the one started during the previous step, or a fresh one."""
         if self.ahead is None:
-            return self.rollout_and_score(self.sample_step_prompts(), self.cfg.algorithm.group_size, "train",
+            return self.rollout_and_score(self.sample_step_rows(), self.cfg.algorithm.group_size, "train",
                                           timer, self.step)
         ahead, self.ahead = self.ahead, None
         rollout, reward = ahead.future.result()
@@ -152,15 +153,17 @@ class Runner:
             timer.seconds[f"{phase}_ahead"] = ahead.timer.seconds.get(phase, 0.0)
         return rollout, reward
 
-    def start_rollout_ahead(self, prompts: list[str], step: int) -> None:
+    def start_rollout_ahead(self, rows: list[int], step: int) -> None:
         timer = StepTimer()
-        future = self._ahead_pool.submit(self.rollout_and_score, prompts, self.cfg.algorithm.group_size, "train",
+        future = self._ahead_pool.submit(self.rollout_and_score, rows, self.cfg.algorithm.group_size, "train",
                                          timer, step)
-        self.ahead = RolloutAhead(prompts, step, dict(self.rollout_adapters), future, timer)
+        self.ahead = RolloutAhead(rows, step, dict(self.rollout_adapters), future, timer)
 
-    def rollout_and_score(self, prompts: list[str], group_size: int, mode: str, timer: StepTimer,
+    def rollout_and_score(self, rows: list[int], group_size: int, mode: str, timer: StepTimer,
                           step: int) -> tuple[Rollout, RewardOutput]:
-        """Sample ``group_size`` images per prompt and score them; scoring round k overlaps the rollout of round k+1.
+        """Sample ``group_size`` images for each prompt (``rows`` of the split's prompt set) and score them; scoring
+        round k overlaps the rollout of round k+1. Each sample carries its row, and with it its metadata, to the
+        reward.
 
         Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
         shard per rollout worker, its samples into one slice per scorer thread of each env worker
@@ -173,24 +176,26 @@ class Runner:
         """
         self.turns.hand_to("rollout")
         n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
-        rounds = [prompts]
-        if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
-            rounds = split_evenly(prompts, 2)
+        texts = self.train_prompts if split == "train" else self.eval_prompts
+        rounds = [rows]
+        if self.cfg.runner.async_reward and len(rows) % (2 * n_rollout) == 0:
+            rounds = split_evenly(rows, 2)
         plan = None
         if mode == "train":
-            plan = TrainPlan.build(self.cfg.runner.seed, step, len(prompts) * group_size,
+            plan = TrainPlan.build(self.cfg.runner.seed, step, len(rows) * group_size,
                                    self.cfg.actor.global_batch_size, self.actor.world_size)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
         train: list[list[Handle[Batch]]] = [[] for _ in range(self.actor.world_size if plan else 0)]
         logged: list[Batch] = []
         tickets, start = [], 0
-        for index, round_prompts in enumerate(rounds):
-            shards = split_evenly(round_prompts, n_rollout)
+        for index, round_rows in enumerate(rounds):
+            shards = split_evenly(round_rows, n_rollout)
             sizes = [len(shard) * group_size for shard in shards]
             offsets = np.cumsum([start, *sizes[:-1]]).tolist()
             with timer("rollout"):
                 parts = self.rollout.scatter_async(
-                    "generate", [(p, group_size, step, index, mode) for p in shards],
+                    "generate",
+                    [([texts[r] for r in shard], group_size, step, index, mode, shard) for shard in shards],
                     per_rank_parts=[shard_parts(plan, offset, n, to_log) for offset, n in zip(offsets, sizes)])
                 for_env, for_logs = parts.part(len(train)), parts.part(len(train) + 1)
                 logged += for_logs.get()  # waits for the round's rollout
@@ -273,7 +278,7 @@ class Runner:
                 trained = self.turns.actor_call("lora_weights")[0][TRAINED_ADAPTER]
                 self.rollout.call("sync_weights", {TRAINED_ADAPTER: trained})
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
-            rollout, reward = self.rollout_and_score(list(self.eval_prompts), 1, "eval", timer, step=0)
+            rollout, reward = self.rollout_and_score(list(range(len(self.eval_prompts))), 1, "eval", timer, step=0)
             if stale:
                 self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.rollout_adapters[TRAINED_ADAPTER]})
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
@@ -315,8 +320,8 @@ class Runner:
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
                  "nonfinite_in_a_row": self.nonfinite_in_a_row,
                  "reward_failures_in_a_row": self.reward_failures_in_a_row,
-                 # a rollout started ahead is replayed on resume: its prompts and the adapters that sampled it
-                 "ahead": None if self.ahead is None else {"prompts": self.ahead.prompts, "step": self.ahead.step,
+                 # a rollout started ahead is replayed on resume: its prompt rows and the adapters that sampled it
+                 "ahead": None if self.ahead is None else {"rows": self.ahead.rows, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
         actor_state = self.turns.actor_call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
         path = save_checkpoint(
@@ -342,7 +347,7 @@ class Runner:
         if ahead is not None:
             self.rollout.call("sync_weights", ahead["adapters"])
             self.rollout_adapters = ahead["adapters"]
-            self.start_rollout_ahead(ahead["prompts"], ahead["step"])
+            self.start_rollout_ahead(ahead["rows"], ahead["step"])
             self.ahead.future.exception()
         tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
 
@@ -369,7 +374,7 @@ class Rollout:
 class RolloutAhead:
     """A training rollout started one step early (``runner.rollout_ahead``)."""
 
-    prompts: list[str]
+    rows: list[int]  # of the training prompt set
     step: int
     adapters: dict[str, dict[str, torch.Tensor]]  # LoRA tensors the rollout workers sampled it with
     future: Future

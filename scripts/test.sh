@@ -5,7 +5,7 @@
 #   bash scripts/test.sh tests/algorithms -x
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-rlrunner_pick_python
+rlrunner_pick_python test
 cd "$ROOT"
 echo "rlrunner: testing with $PY" >&2
 # Not -q: pytest's default output names each test file before its dots (about 60 lines), so a file that runs

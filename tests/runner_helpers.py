@@ -70,7 +70,7 @@ def spy_on_sampling(monkeypatch) -> list[dict]:
     calls: list[dict] = []
     original = RolloutWorker.generate
 
-    def spy(self, prompts, group_size, step, round_index, mode="train"):
+    def spy(self, prompts, group_size, step, round_index, mode="train", rows=None):
         sample = self.model.sample
 
         def recording_sample(cond, noise, **kwargs):
@@ -80,7 +80,7 @@ def spy_on_sampling(monkeypatch) -> list[dict]:
 
         self.model.sample = recording_sample
         try:
-            return original(self, prompts, group_size, step, round_index, mode)
+            return original(self, prompts, group_size, step, round_index, mode, rows)
         finally:
             self.model.sample = sample
 

@@ -142,3 +142,39 @@ def test_other_algorithms_train_the_same_adapters_on_one_or_two_ddp_ranks(ray_se
     placed = json.loads((runs[1] / "placement.json").read_text())
     assert sorted((w["component"], w["rank"]) for w in placed) == [("actor", 0), ("actor", 1), ("env", 0), ("rollout", 0)]
     assert all(w["node_id"] and w["node_ip"] for w in placed)  # Ray actors on a Ray node, not in-process
+
+
+def test_one_rank_fsdp2_shards_into_dtensors_and_trains_like_the_plain_engine(tmp_path):
+    """actor.one_rank_group: one gloo rank forms a process group of its own, FSDP2 shards the denoiser into DTensors
+    over a one-rank mesh, and an update through it (gathers, reduce-scatter, clip) gives the plain engine's adapters."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from rlrunner.cluster.parallelize import FSDP2Engine
+    from rlrunner.workers.actor import ActorWorker
+    from rlrunner.workers.rollout import RolloutWorker
+
+    one_step = ("actor.strategy=fsdp2", "actor.global_batch_size=4", "actor.micro_batch_size=4")
+    cfg = small_recipe(tmp_path, *one_step, "actor.one_rank_group=true")
+    train = RolloutWorker(cfg.actor.model, seed=0).generate(["a", "b"], 2, step=0, round_index=0).train
+    plain_cfg = small_recipe(tmp_path, *one_step)  # one rank, no group: nothing wrapped
+    plain = ActorWorker(plain_cfg.actor, plain_cfg.algorithm, num_train_steps=2)
+    assert type(plain.engine) is not FSDP2Engine and not dist.is_initialized()
+    try:
+        sharded = ActorWorker(cfg.actor, cfg.algorithm, num_train_steps=2)
+        assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
+        assert isinstance(sharded.engine, FSDP2Engine) and sharded.params
+        assert all(isinstance(p, DTensor) and p.device_mesh.size() == 1 for p in sharded.params)
+        inputs = ([train], torch.arange(4), torch.arange(4), torch.tensor([-1.0, 0.5, 1.0, -0.5]), 0)
+        metrics = [worker.update(*inputs) for worker in (plain, sharded)]
+        assert metrics[1]["grad_norm"] == pytest.approx(metrics[0]["grad_norm"], rel=1e-5)
+        for name, state in plain.lora_weights().items():
+            gathered = sharded.lora_weights()[name]
+            assert gathered.keys() == state.keys()
+            for key, value in state.items():
+                torch.testing.assert_close(gathered[key], value, rtol=0, atol=1e-5)  # as the rank-count test
+        assert any(not torch.equal(state["default"][k], state["ema"][k]) for state in [plain.lora_weights()]
+                   for k in state["default"])  # the update moved the trained adapter away from the EMA one
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

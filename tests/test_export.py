@@ -14,7 +14,7 @@ from runner_helpers import small_recipe
 from safetensors.torch import load_file
 from shell_helpers import ROOT, clean_env
 
-from rlrunner.export import export_adapter, model_card
+from rlrunner.export import export_adapter, main, model_card
 from rlrunner.runner import run
 
 
@@ -37,6 +37,25 @@ def test_the_card_names_the_algorithm_and_the_absolute_base_model_and_files_are_
     assert "DiffusionNFT" not in card and "load_lora_weights" not in card and "no diffusers pipeline" in card
     for file in out.iterdir():
         assert stat.S_IMODE(file.stat().st_mode) == 0o644, file
+
+
+def test_an_existing_folder_keeps_its_files_modes_and_its_own_readme(awm_run, tmp_path, capsys):
+    out = tmp_path / "home"
+    out.mkdir()
+    (out / ".netrc").write_text("machine example.com password secret\n")
+    (out / ".netrc").chmod(0o600)
+    (out / "README.md").write_text("# my notes\n")
+    assert main([str(awm_run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.endswith(f"(how to load it: {out / 'RLRUNNER_CARD.md'})\n")
+    assert stat.S_IMODE((out / ".netrc").stat().st_mode) == 0o600
+    assert (out / "README.md").read_text() == "# my notes\n"
+    assert (out / "RLRUNNER_CARD.md").read_text().startswith("# LoRA adapter (default) trained with rlrunner")
+    for name in ("RLRUNNER_CARD.md", "model.yaml", "pytorch_lora_weights.safetensors"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+    (out / "README.md").unlink()  # a card of an earlier export is README.md, and a new export replaces it
+    export_adapter(str(awm_run), str(out))
+    export_adapter(str(awm_run), str(out), adapter="ema")
+    assert (out / "README.md").read_text().startswith("# LoRA adapter (ema) trained with rlrunner")
 
 
 def test_the_cards_rlrunner_snippet_loads_the_adapter_in_a_fresh_shell(awm_run, tmp_path):

@@ -28,8 +28,8 @@ def test_tiny_check_runs_every_part_and_writes_the_table(tmp_path):
     parts = [r["part"] for r in report["rows"]]
     expected = ["sd3.5-m rollout", "sd3.5-m NFT step", "sd3_nft_ocr (ddp over 1 rank): 2 steps, eval + save at 2",
                 "sd3_nft_ocr (ddp over 1 rank): resume from step 2 to 3",
-                "qwen_image_nft_ocr (fsdp2 over 1 rank, offload): 2 steps, eval + save at 2",
-                "qwen_image_nft_ocr (fsdp2 over 1 rank, offload): resume from step 2 to 3",
+                "qwen_image_nft_ocr (fsdp2 over a one-rank mesh, offload): 2 steps, eval + save at 2",
+                "qwen_image_nft_ocr (fsdp2 over a one-rank mesh, offload): resume from step 2 to 3",
                 "wan2.2 image rollout", "wan2.2 image NFT step", "wan2.2 video rollout", "wan2.2 video NFT step"]
     assert [p for p, e in zip(parts, expected, strict=True) if not p.startswith(e)] == []
     for r in report["rows"]:

@@ -65,3 +65,22 @@ def test_the_runner_hands_the_grid_what_the_ocr_read(tmp_path, monkeypatch):
     assert all(isinstance(texts, list) and len(texts) == 4 and all(isinstance(t, str) for t in texts)
                for *_, texts in grids)
     assert (log_dir / "samples" / "train_samples_step000001.png").is_file()
+
+
+def test_metrics_jsonl_is_strict_json_with_null_for_nan_and_inf(tmp_path):
+    """jq and JSON.parse reject NaN/Infinity: a non-finite scalar is written as null, the finite ones as they are."""
+    import json
+    import math
+
+    from rlrunner.config.schema import LoggerConfig
+
+    run_logger = RunLogger(tmp_path, LoggerConfig(logger_backends=[]))
+    run_logger.scalars({"train/loss": math.nan, "train/grad_norm": math.inf, "env/avg": -math.inf, "lr": 0.25}, 3)
+    run_logger.close()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line, parse_constant=refuse) == {"step": 3, "train/loss": None, "train/grad_norm": None,
+                                                       "env/avg": None, "lr": 0.25}

@@ -98,9 +98,9 @@ def test_evals_score_the_trained_adapter_between_weight_syncs(tmp_path, monkeypa
     seen = []  # (mode, step, both adapters as the rollout worker holds them when it samples)
     original = RolloutWorker.generate
 
-    def spy(self, prompts, group_size, step, round_index, mode="train"):
+    def spy(self, prompts, group_size, step, round_index, mode="train", rows=None):
         seen.append((mode, step, {name: self.model.lora_state_dict(name) for name in ("default", "ema")}))
-        return original(self, prompts, group_size, step, round_index, mode)
+        return original(self, prompts, group_size, step, round_index, mode, rows)
 
     monkeypatch.setattr(RolloutWorker, "generate", spy)
     log_dir = tmp_path / "run"

@@ -10,7 +10,9 @@
   over the ranks (DTensors, dim 0); a block's weights are gathered for its forward and backward only. Gradients
   (LoRA only; the base is frozen) are reduce-scattered in float32.
 
-With one rank nothing is wrapped: the engine calls the model directly (the single-process path).
+With one rank nothing is wrapped: the engine calls the model directly (the single-process path), unless the actor
+formed a process group of one (``actor.one_rank_group``): then the strategy's engine runs over a one-rank mesh, so
+FSDP2's DTensors and collectives are exercised on one device.
 
 The model files know nothing of this: the DDP wrapper is a thin module that calls ``model.velocity``, and FSDP2
 hooks the denoiser's own modules in place. Every rank must make the same engine calls in the same order
@@ -127,15 +129,16 @@ def transformer_blocks(transformer: nn.Module) -> list[nn.Module]:
     return blocks[::-1]  # modules() lists parents before children; fully_shard wants children first
 
 
-def parallelize(model: Any, strategy: str, world_size: int) -> Engine:
+def parallelize(model: Any, strategy: str, world_size: int, *, one_rank_group: bool = False) -> Engine:
     """Apply ``strategy`` (``ddp`` | ``fsdp2``) to ``model`` (a FlowModel) over the default process group.
 
     Call after ``init_distributed`` and before building the optimizer: FSDP2 replaces the parameters by their
-    shards, so the optimizer must be given ``model.trainable_parameters()`` afterwards.
+    shards, so the optimizer must be given ``model.trainable_parameters()`` afterwards. With one rank the model is
+    wrapped only when ``one_rank_group`` (a process group of one was formed, ``init_distributed(one_rank_group=True)``).
     """
     if strategy not in ENGINES:
         raise ValueError(f"actor.strategy={strategy!r} is not valid; choose one of {list(ENGINES)}")
-    return ENGINES[strategy](model, world_size) if world_size > 1 else Engine(model)
+    return ENGINES[strategy](model, world_size) if world_size > 1 or one_rank_group else Engine(model)
 
 
 def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

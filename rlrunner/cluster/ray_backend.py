@@ -37,6 +37,7 @@ from rlrunner.cluster.placement import Placement, format_devices, parse_placemen
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
 from rlrunner.cluster.shipping import check_readable, job_runtime_env, setup_failure
+from rlrunner.utils.device import use_ray_assigned_device
 from rlrunner.utils.threads import apply_thread_budget, thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -52,26 +53,32 @@ class _WorkerHost:
     def __init__(self) -> None:
         self.worker: Any = None
 
-    def node_info(self, rendezvous: bool) -> dict[str, Any]:
-        """Where this actor runs (node IP and id, the accelerator Ray gave it) and, for rank 0 (``rendezvous``), the
-        port of the rendezvous store it binds now and holds (MASTER_PORT: nothing can take it before the group
-        forms, see :mod:`rlrunner.cluster.distributed`)."""
+    def node_info(self, rendezvous_timeout_s: float | None) -> dict[str, Any]:
+        """Where this actor runs (node IP and id, the accelerator Ray gave it) and, for rank 0 of a group that forms
+        a process group (``rendezvous_timeout_s`` given), the port of the rendezvous store it binds now on the node's
+        IP and holds (MASTER_PORT: nothing can take it before the group forms, see
+        :mod:`rlrunner.cluster.distributed`)."""
         import ray
 
         context = ray.get_runtime_context()
         accelerators = context.get_accelerator_ids()
         device = next((f"{kind}:{','.join(accelerators[name])}" for name, kind in _TORCH_KIND.items()
                        if accelerators.get(name)), "cpu")
-        return {"node_ip": ray.util.get_node_ip_address(), "node_id": context.get_node_id(), "device": device,
-                "port": bind_rendezvous() if rendezvous else None}
+        node_ip = ray.util.get_node_ip_address()
+        port = None if rendezvous_timeout_s is None else bind_rendezvous(node_ip, rendezvous_timeout_s)
+        return {"node_ip": node_ip, "node_id": context.get_node_id(), "device": device, "port": port}
 
     def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
         """Set the env vars (torch.distributed's, the thread budget's), then build ``worker_cls(*args, rank=RANK,
         world_size=WORLD_SIZE, **kwargs)``, once this node can read the folders it loads (its ``node_paths``)."""
+        import ray
+
         node_paths = getattr(worker_cls, "node_paths", None)
         if node_paths is not None:
             check_readable(node_paths(*args, **kwargs))
         os.environ.update(env)
+        # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: the worker sees every device; its own is Ray's, not device 0
+        use_ray_assigned_device(ray.get_runtime_context().get_accelerator_ids(), os.environ)
         apply_thread_budget()  # the worker's threads follow its CPU reservation, not the node's core count
         self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
 
@@ -335,11 +342,16 @@ class RayCluster(Cluster):
         try:
             serial = next(_SPAWNS)
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
-            started = [(rank, h.node_info.remote(rank == 0)) for rank, h in enumerate(hosts)]
+            # only a group that forms a process group (the actor's) waits on collectives, and binds a rendezvous
+            # store when it has 2+ ranks (one rank forms its group alone, actor.one_rank_group)
+            timeout = self.worker_timeout_s if getattr(worker_cls, "forms_process_group", False) else None
+            rendezvous = timeout is not None and len(devices) > 1
+            started = [(rank, h.node_info.remote(timeout if rank == 0 and rendezvous else None))
+                       for rank, h in enumerate(hosts)]
             names = [f"node {k} = {self.nodes[k].describe()}" for k in map(self.placement.node_of, devices)]  # pinned
             infos = gather(role, names, "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
-            master = (ips[0], infos[0]["port"])
+            master = (ips[0], infos[0]["port"], timeout) if rendezvous else (None, None, timeout)
             threads = thread_env(self.cpus_per_worker)
             refs = [
                 (rank, host.construct.remote({**self._env(rank, node_ids, *master), **threads}, worker_cls, args,
@@ -359,11 +371,13 @@ class RayCluster(Cluster):
         return group
 
     @staticmethod
-    def _env(rank: int, node_ids: list[str], master_addr: str, master_port: int) -> dict[str, str]:
+    def _env(rank: int, node_ids: list[str], master_addr: str | None, master_port: int | None,
+             timeout_s: float | None) -> dict[str, str]:
         """torch.distributed env vars of ``rank``; LOCAL_RANK counts the group's ranks on the same node (by
         node id: several nodes may share one IP)."""
         same_node = [r for r, node_id in enumerate(node_ids) if node_id == node_ids[rank]]
-        return worker_env(rank, len(node_ids), same_node.index(rank), len(same_node), master_addr, master_port)
+        return worker_env(rank, len(node_ids), same_node.index(rank), len(same_node), master_addr, master_port,
+                          timeout_s)
 
     def _start_host(self, device: int, name: str) -> Any:
         """A host actor in ``device``'s bundle, named ``name`` (how ``ray list actors`` shows it)."""

@@ -328,6 +328,7 @@ KEY_CHECKS: dict[str, Check] = {
     "actor.global_batch_size": POSITIVE_INT,
     "actor.seed": SEED,
     "actor.strategy": Choice(_registry("rlrunner.cluster.parallelize", "ENGINES")),
+    "actor.one_rank_group": Free("bool"),
     "actor.model.model_path": Elsewhere("_check_model (a local folder or a hub id)"),
     "actor.model.model_type": Choice(_registry("rlrunner.models", "MODEL_FAMILIES", first=("auto",))),
     "actor.model.precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),

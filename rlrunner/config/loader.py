@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -75,7 +76,7 @@ def _expected_type(schema: DictConfig, full_key: str) -> str:
     """The schema's declared type of ``full_key`` (e.g. ``int``, ``Optional[float]``)."""
     parent_key, _, leaf = full_key.rpartition(".")
     parent = OmegaConf.select(schema, parent_key) if parent_key else schema
-    node = parent._get_node(leaf) if isinstance(parent, DictConfig) else None
+    node = parent._get_node(leaf) if isinstance(parent, DictConfig) and leaf in parent else None
     ref = node._metadata.ref_type if node is not None else None
     return getattr(ref, "__name__", None) or str(ref).replace("typing.", "")
 
@@ -84,11 +85,11 @@ def _describe_omegaconf_error(err: OmegaConfBaseException, schema: DictConfig, s
     key = getattr(err, "full_key", None) or ""
     if isinstance(err, ConfigKeyError) or "not in struct" in str(err) or "Key '" in str(err) and "not" in str(err):
         return RecipeError(f"{source}: unknown key {key!r}{_closest_key_hint(schema, key)}")
-    if isinstance(err, ValidationError):
+    if isinstance(err, ValidationError) and key:
         value = getattr(err, "value", None)
         return RecipeError(f"{source}: key {key!r} has value {value!r} of the wrong type; expected "
                            f"{_expected_type(schema, key)}")
-    return RecipeError(f"{source}: {key or ''} {str(err).splitlines()[0]}".strip())
+    return RecipeError(" ".join(part for part in (f"{source}:", key, str(err).splitlines()[0]) if part))
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
@@ -98,7 +99,7 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
             raise RecipeError(f"override {item!r} is not of the form dotted.key=value (e.g. actor.optim.lr=1e-4)")
     try:
         return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as err:
+    except (OmegaConfBaseException, yaml.YAMLError) as err:  # values are read as YAML: '"', '[', control chars
         raise RecipeError(f"cannot parse overrides {overrides}: {str(err).splitlines()[0]}") from None
 
 
@@ -130,6 +131,8 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
                     OmegaConf.update(cfg, key, value, merge=False)
         except OmegaConfBaseException as err:
             raise _describe_omegaconf_error(err, schema, source) from None
+        except TypeError as err:  # OmegaConf's own, for a mapping merged onto a list or the reverse ('key=0:')
+            raise RecipeError(f"{source}: {err}: a list key was given a mapping, or a mapping key a list") from None
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:

@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlrunner.config.checks import table_key
 from rlrunner.config.errors import RecipeError
+from rlrunner.config.schema import AlgorithmConfig
 
 _MISSING = object()
 
@@ -41,7 +42,6 @@ IGNORED: dict[str, str] = {
     "env.group_name": "Ray worker-group name; rlrunner names its workers itself",
     "env.<split>.env_type": "always diffusion here",
     "env.<split>.seed": "prompt order and noise derive from runner.seed and actor.seed",
-    "env.<split>.group_size": "algorithm.group_size sets the group; eval samples each prompt once",
     "env.<split>.auto_reset": "one-step episodes",
     "env.<split>.ignore_terminations": "one-step episodes",
     "env.<split>.max_episode_steps": "one-step episodes",
@@ -195,6 +195,20 @@ def _rollout_model(key: str, value: Any, get: Lookup) -> Moves:
     return []
 
 
+def _group_size(key: str, value: Any, get: Lookup) -> Moves:
+    # algorithm.group_size sets the training group; eval samples each held-out prompt once
+    if key.startswith("env.eval."):
+        expected, why = 1, "rlrunner's eval samples each held-out prompt once"
+    else:
+        expected = get("algorithm.group_size")
+        expected = AlgorithmConfig.group_size if expected is _MISSING else expected
+        why = f"algorithm.group_size={expected!r} sets the group"
+    if value != expected:
+        raise RecipeError(f"{key}={value!r} differs from what it means here ({why}); set {key}={expected!r} or "
+                          f"drop it")
+    return []
+
+
 # RLinf keys that set our keys: key -> function(key, resolved value, lookup) -> [(our key, value)]
 MAPPED: dict[str, Callable[[str, Any, Lookup], Moves]] = {
     "actor.fsdp_config.strategy": _strategy,
@@ -208,6 +222,7 @@ MAPPED: dict[str, Callable[[str, Any, Lookup], Moves]] = {
     "actor.model.<family>.cfg": _cfg,
     "algorithm.loss_type": _loss_type,
     "rollout.model.model_path": _rollout_model,
+    "env.<split>.group_size": _group_size,
 }
 
 

@@ -310,6 +310,9 @@ class ActorConfig:
     seed: int = 42
     # data-parallel engine of the actor ranks: ddp (one replica per rank) | fsdp2 (base weights sharded per block)
     strategy: str = "ddp"
+    # with one actor rank, still form a process group (of one) and wrap the model in actor.strategy's engine, so that
+    # fsdp2 shards into DTensors over a one-rank mesh: the device check exercises FSDP2 on one GPU (slower otherwise)
+    one_rank_group: bool = False
     # the actor workers hold only what they train (denoiser + LoRA adapters + optimizer state): text encoders and
     # VAE are freed when they start, since no actor feature needs them (they train on the rollout's latents and
     # its text conditioning, sent once per prompt); the rollout workers keep them

@@ -7,7 +7,13 @@ A dataset is a folder with ``<split>.txt`` / ``<split>.jsonl`` / ``<split>.parqu
   GenEval's ``tag``/``include``);
 - ``.parquet``: a table with a ``prompt_key`` column; the other columns are metadata (needs pyarrow).
 
-Metadata reaches the rewards that ask for it (:attr:`rlrunner.rewards.Reward.uses_metadata`) by prompt text.
+Files are read as UTF-8 (a leading BOM is dropped) and split into lines at ``\n``, ``\r\n`` and ``\r`` only: the
+other characters :meth:`str.splitlines` breaks at (U+2028, NEL, form feed, ...) are text, and JSON writes U+2028
+unescaped with ``ensure_ascii=False``.
+
+Metadata travels with the row: the sampler draws row indices, the rollout tags each sample with its row, and the
+env worker hands a reward that asks for it (:attr:`rlrunner.rewards.Reward.uses_metadata`) that row's record, so a
+prompt may appear on several rows with different metadata (an ``id``, verl-omni's ``extra_info.index``).
 """
 
 from __future__ import annotations
@@ -24,14 +30,10 @@ FORMATS = (".txt", ".jsonl", ".parquet")
 
 @dataclass
 class PromptSet:
-    """The prompts of one split and, aligned with them, each prompt's metadata (``{}`` for a ``.txt`` file)."""
+    """The prompts of one split and, row by row, each prompt's metadata (``{}`` for a ``.txt`` file)."""
 
     prompts: list[str]
     metadata: list[dict[str, Any]]
-
-    def by_prompt(self) -> dict[str, dict[str, Any]]:
-        """Metadata keyed by prompt text (how it travels to the rewards); ``{}`` when no prompt has any."""
-        return {p: m for p, m in zip(self.prompts, self.metadata) if m}
 
 
 def dataset_file(path: str | Path, split: str) -> Path:
@@ -58,7 +60,6 @@ def load_prompt_set(path: str | Path, split: str, prompt_key: str = "prompt") ->
     prompts, metadata = read(file, prompt_key)
     if not prompts:
         raise ValueError(f"prompt file {file} has no prompts")
-    _check_same_metadata(file, prompts, metadata)
     return PromptSet(prompts, metadata)
 
 
@@ -75,8 +76,18 @@ def load_prompts(path: str | Path, split: str, prompt_key: str = "prompt") -> li
     return load_prompt_set(path, split, prompt_key).prompts
 
 
+def _lines(file: Path) -> list[str]:
+    """The lines of ``file``: UTF-8 text without a leading BOM, split at ``\n``, ``\r\n`` and ``\r`` only."""
+    try:
+        with file.open(encoding="utf-8-sig", newline=None) as lines:  # newline=None: universal newlines only
+            return [line.rstrip("\n") for line in lines]
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{file}: not UTF-8 text (byte {err.start}: {err.reason}); save the prompt file as "
+                         f"UTF-8") from None
+
+
 def _read_txt(file: Path, prompt_key: str) -> tuple[list[str], list[dict[str, Any]]]:
-    prompts = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = [line.strip() for line in _lines(file) if line.strip()]
     return prompts, [{} for _ in prompts]
 
 
@@ -92,7 +103,7 @@ def _record_prompt(record: dict[str, Any], where: str, prompt_key: str) -> tuple
 
 def _read_jsonl(file: Path, prompt_key: str) -> tuple[list[str], list[dict[str, Any]]]:
     prompts, metadata = [], []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(_lines(file), start=1):
         if not line.strip():
             continue
         try:
@@ -100,6 +111,8 @@ def _read_jsonl(file: Path, prompt_key: str) -> tuple[list[str], list[dict[str, 
         except json.JSONDecodeError as err:
             raise ValueError(f"{file}:{number}: not valid JSON ({err.msg} at column {err.colno}); each line of a "
                              f".jsonl prompt file is one object such as {{\"{prompt_key}\": \"...\"}}") from None
+        except RecursionError:
+            raise ValueError(f"{file}:{number}: JSON nested too deeply to read") from None
         if not isinstance(record, dict):
             raise TypeError(f"{file}:{number}: a JSON {type(record).__name__}, not an object with a {prompt_key!r} "
                             f"key")
@@ -123,50 +136,41 @@ def _read_parquet(file: Path, prompt_key: str) -> tuple[list[str], list[dict[str
     return [p for p, _ in pairs], [m for _, m in pairs]
 
 
-def _check_same_metadata(file: Path, prompts: list[str], metadata: list[dict[str, Any]]) -> None:
-    """Metadata travels by prompt text, so one text cannot carry two different records."""
-    seen: dict[str, int] = {}
-    for i, (prompt, meta) in enumerate(zip(prompts, metadata)):
-        first = seen.setdefault(prompt, i)
-        if metadata[first] != meta:
-            raise ValueError(f"{file}: prompt {prompt!r} appears twice (entries {first + 1} and {i + 1}) with "
-                             f"different metadata; rewards receive metadata by prompt text, so merge or reword them")
-
-
 class PromptSampler:
-    """Draws prompt indices in shuffled epochs from a seeded generator; its state is part of the run state.
+    """Draws row indices of a prompt set in shuffled epochs from a seeded generator; its state is part of the run
+    state.
 
-    Each call to :meth:`sample` returns ``num_prompts`` distinct-when-possible prompts, continuing through a
+    Each call to :meth:`sample` returns ``num_prompts`` distinct-when-possible rows, continuing through a
     permutation of the dataset and reshuffling at each epoch boundary (like a DistributedSampler with
-    ``drop_last=False``, but resumable mid-epoch).
+    ``drop_last=False``, but resumable mid-epoch). A row, not its text, names a prompt: its metadata goes with it.
     """
 
-    def __init__(self, prompts: list[str], seed: int) -> None:
-        self.prompts = prompts
+    def __init__(self, num_rows: int, seed: int) -> None:
+        self.num_rows = num_rows
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0
         self.position = 0
-        self._order = torch.randperm(len(prompts), generator=self.generator)
+        self._order = torch.randperm(num_rows, generator=self.generator)
 
-    def sample(self, num_prompts: int) -> list[str]:
-        chosen: list[str] = []
+    def sample(self, num_prompts: int) -> list[int]:
+        chosen: list[int] = []
         while len(chosen) < num_prompts:
             if self.position == len(self._order):
                 self.epoch += 1
                 self.position = 0
-                self._order = torch.randperm(len(self.prompts), generator=self.generator)
+                self._order = torch.randperm(self.num_rows, generator=self.generator)
             take = min(num_prompts - len(chosen), len(self._order) - self.position)
-            chosen += [self.prompts[i] for i in self._order[self.position:self.position + take].tolist()]
+            chosen += self._order[self.position:self.position + take].tolist()
             self.position += take
         return chosen
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state(), "epoch": self.epoch, "position": self.position,
-                "order": self._order.clone(), "num_prompts": len(self.prompts)}
+                "order": self._order.clone(), "num_prompts": self.num_rows}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["num_prompts"] != len(self.prompts):
+        if state["num_prompts"] != self.num_rows:
             raise ValueError(f"prompt sampler state is for {state['num_prompts']} prompts, the dataset has "
-                             f"{len(self.prompts)} (different dataset?)")
+                             f"{self.num_rows} (different dataset?)")
         self.generator.set_state(state["generator"])
         self.epoch, self.position, self._order = state["epoch"], state["position"], state["order"].clone()

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping, MutableMapping
 
 import torch
 
 DEVICE_NAMES = ("auto", "cpu", "cuda", "npu")
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Ray resource -> (torch device kind, the variable that makes Ray leave the visible devices alone, the variable that
+# lists them): with RAY_EXPERIMENTAL_NOSET_*=1 (common on verl / OpenRLHF clusters) every worker sees all devices
+RAY_ACCELERATORS = {"GPU": ("cuda", "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+                    "NPU": ("npu", "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")}
+# set by the cluster for a worker whose device is not device 0 of what it sees (see ray_device_index)
+DEVICE_INDEX_ENV = "RLRUNNER_DEVICE_INDEX"
 
 
 def npu_available() -> bool:
@@ -39,3 +46,39 @@ def resolve_dtype(precision: str, device: torch.device, half_on_cpu: bool = Fals
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {sorted(PRECISIONS)}")
     return torch.float32 if device.type == "cpu" and not half_on_cpu else PRECISIONS[precision]
+
+
+def ray_device_index(accelerator_ids: Mapping[str, list[str]], environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """The torch device (kind, index) of the accelerator Ray assigned to this worker, where Ray left the visible
+    devices alone (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` set, as Ray reads it: any non-empty value); None
+    when Ray narrowed them to the worker's own, which torch then numbers 0, or when it assigned none.
+
+    ``accelerator_ids``: ``ray.get_runtime_context().get_accelerator_ids()`` (``{"GPU": ["3"], ...}``), ids as the
+    node numbers them: indices into ``CUDA_VISIBLE_DEVICES`` when that is set, else physical indices.
+    """
+    for resource, (kind, noset, visible_var) in RAY_ACCELERATORS.items():
+        ids = accelerator_ids.get(resource) or []
+        if not ids or not environ.get(noset):
+            continue
+        visible = [v.strip() for v in environ.get(visible_var, "").split(",") if v.strip()]
+        if not visible:
+            return kind, int(ids[0])
+        if ids[0] not in visible:
+            raise RuntimeError(f"Ray assigned {resource} {ids[0]} but {visible_var}={environ[visible_var]!r} does not "
+                               f"list it ({noset} is set); start the Ray node with the same {visible_var}")
+        return kind, visible.index(ids[0])
+    return None
+
+
+def use_ray_assigned_device(accelerator_ids: Mapping[str, list[str]], environ: MutableMapping[str, str]) -> None:
+    """Make the accelerator Ray assigned this worker its current device (:func:`ray_device_index`), and record the
+    index in ``environ`` (:data:`DEVICE_INDEX_ENV`) for :func:`rlrunner.cluster.distributed.init_distributed`;
+    nothing to do when Ray narrowed the visible devices (the worker's own is device 0)."""
+    assigned = ray_device_index(accelerator_ids, environ)
+    if assigned is None:
+        return
+    kind, index = assigned
+    if kind == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    getattr(torch, kind).set_device(index)
+    environ[DEVICE_INDEX_ENV] = str(index)

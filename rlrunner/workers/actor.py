@@ -37,6 +37,8 @@ class ActorWorker:
     checkpoint (adapters in diffusers' format included) from what :meth:`state_dict` returns.
     """
 
+    forms_process_group = True  # its ranks average gradients: the cluster sets up their rendezvous
+
     @staticmethod
     def node_paths(actor_cfg: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
         """The local folders this worker reads (checked on its node before it starts)."""
@@ -54,8 +56,8 @@ class ActorWorker:
         # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes, so it
         # loads neither text encoders nor VAE (not even into host memory)
         self.model = build_model(actor_cfg.model, denoiser_only=True)
-        init_distributed(rank, world_size, self.model.device.type)
-        self.engine = parallelize(self.model, actor_cfg.strategy, world_size)
+        grouped = init_distributed(rank, world_size, self.model.device.type, one_rank_group=actor_cfg.one_rank_group)
+        self.engine = parallelize(self.model, actor_cfg.strategy, world_size, one_rank_group=grouped)
         self.params = self.model.trainable_parameters()  # after parallelize: FSDP2 swaps them for their shards
         optim = actor_cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),

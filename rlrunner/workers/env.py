@@ -38,24 +38,24 @@ class EnvWorker:
             self.scorers[split] = AsyncRewardScorer(build_reward(reward_cfg), num_workers=reward_cfg.num_workers)
         self._pending: dict[int, Future] = {}
         self._tickets = itertools.count()
-        self.metadata: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in SPLITS}
+        self.metadata: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
 
-    def set_prompt_metadata(self, metadata: dict[str, dict[str, dict[str, Any]]]) -> None:
-        """Per split, each prompt's metadata by prompt text (:meth:`PromptSet.by_prompt
-        <rlrunner.data.prompts.PromptSet.by_prompt>`), for the rewards that use it; sent once at start."""
+    def set_prompt_metadata(self, metadata: dict[str, list[dict[str, Any]]]) -> None:
+        """Per split, each row's metadata (:attr:`PromptSet.metadata <rlrunner.data.prompts.PromptSet>`), for the
+        rewards that use it; sent once at start. A sample names its row (meta ``rows``)."""
         self.metadata.update(metadata)
 
     def submit(self, slices: list[list[tuple[Batch, int, int]]], split: str = "train") -> int:
         """Start scoring ``slices``, each on its own scorer thread: a slice is pieces ``(part, start, stop)``, samples
         ``start:stop`` of a rollout part, joined in order; returns a ticket for the outputs of all slices in order.
-        A part holds uint8 ``images`` ``[B, H, W, 3]`` (or frames ``[B, F, H, W, 3]``) and meta ``prompts``
-        (:attr:`RolloutOutput.scored <rlrunner.workers.rollout.RolloutOutput>`)."""
+        A part holds uint8 ``images`` ``[B, H, W, 3]`` (or frames ``[B, F, H, W, 3]``) and meta ``prompts`` and
+        ``rows`` (:attr:`RolloutOutput.scored <rlrunner.workers.rollout.RolloutOutput>`)."""
         batches = [Batch.cat([part.select(slice(start, stop)) for part, start, stop in pieces]) for pieces in slices]
         ticket = next(self._tickets)
         table = self.metadata[split] if self.scorers[split].reward.uses_metadata else None
         self._pending[ticket] = self.scorers[split].submit_all(
             [(np.asarray(batch.tensors["images"]), batch.meta["prompts"],
-              None if table is None else [table.get(p, {}) for p in batch.meta["prompts"]]) for batch in batches])
+              None if table is None else [table[row] for row in batch.meta["rows"]]) for batch in batches])
         return ticket
 
     def collect(self, ticket: int) -> RewardOutput:

@@ -22,7 +22,8 @@ class RolloutOutput(NamedTuple):
 
     ``train``: tensor ``x0`` ``[N, *latent_shape]`` (float32), per-prompt conditioning ``cond.<name>``
     ``[P, ...]`` and ``prompt_index`` ``[N]``: what the actor trains on. ``scored``: tensor ``images`` uint8
-    ``[N, H, W, 3]`` (or frames ``[N, F, H, W, 3]``) and meta ``prompts``: what the env workers score.
+    ``[N, H, W, 3]`` (or frames ``[N, F, H, W, 3]``) and meta ``prompts`` and ``rows`` (each sample's row in its
+    prompt set, which names its metadata): what the env workers score.
     """
 
     train: Batch
@@ -77,9 +78,10 @@ class RolloutWorker:
         self.seed, self.rank = seed, rank
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], group_size: int, step: int, round_index: int,
-                 mode: str = "train") -> RolloutOutput:
-        """Sample ``group_size`` images for each of ``prompts`` (distinct groups, samples of a group contiguous).
+    def generate(self, prompts: list[str], group_size: int, step: int, round_index: int, mode: str = "train",
+                 rows: list[int] | None = None) -> RolloutOutput:
+        """Sample ``group_size`` images for each of ``prompts`` (distinct groups, samples of a group contiguous);
+        ``rows``: each prompt's row in its prompt set (default ``0 .. len(prompts) - 1``), passed on with its samples.
 
         Returns the parts of :class:`RolloutOutput` (``N = len(prompts) * group_size`` samples); the text
         conditioning is sent once per prompt. Noise is seeded from (seed, mode, rank, step, round_index), so any
@@ -102,10 +104,12 @@ class RolloutWorker:
                                    guidance_scale=cfg.eval_guidance_scale, adapter=TRAINED_ADAPTER)
         images = torch.from_numpy(np.ascontiguousarray(self.model.decode(x0)))
         prompt_index = torch.arange(len(prompts)).repeat_interleave(group_size)
+        rows = range(len(prompts)) if rows is None else rows
         return RolloutOutput(
             train=Batch({"x0": x0.float().cpu(), **{k: v.cpu() for k, v in kept.items()}}, {},
                         {f"cond.{k}": v.cpu() for k, v in cond.items()}, prompt_index),
-            scored=Batch({"images": images}, {"prompts": [p for p in prompts for _ in range(group_size)]}),
+            scored=Batch({"images": images}, {"prompts": [p for p in prompts for _ in range(group_size)],
+                                              "rows": [r for r in rows for _ in range(group_size)]}),
         )
 
     def offload(self) -> None:

@@ -24,6 +24,10 @@ class Counter:
     def value(self) -> int:
         return self.total
 
+    def rendezvous_env(self) -> dict[str, str]:
+        """The rendezvous env vars it was given (none: it forms no process group)."""
+        return {k: v for k, v in os.environ.items() if k.startswith("MASTER_") or k == "RLRUNNER_DIST_TIMEOUT_S"}
+
     def identity(self) -> tuple[int, int]:
         return self.rank, self.world_size
 
@@ -61,6 +65,8 @@ class Counter:
 class DataParallel:
     """Joins a gloo group in its constructor and averages a tensor across ranks (gradient averaging)."""
 
+    forms_process_group = True
+
     def __init__(self, *, rank: int, world_size: int) -> None:
         self.rank = rank
         self.joined = init_distributed(rank, world_size, "cpu", timeout_s=60)
@@ -74,7 +80,8 @@ class DataParallel:
         return (total / torch.distributed.get_world_size()).tolist()
 
     def env(self) -> dict[str, str]:
-        return {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        return {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                                    "RLRUNNER_DIST_TIMEOUT_S")}
 
 
 class BrokenInit:

@@ -107,6 +107,17 @@ def test_data_parallel_group_averages_with_gloo(cluster):
     assert [e["LOCAL_RANK"] for e in env] == ["0", "1"]  # both ranks on this one node
     assert env[0]["MASTER_ADDR"] == env[1]["MASTER_ADDR"] == group.node_ips[0]
     assert env[0]["MASTER_PORT"] == env[1]["MASTER_PORT"] != ""
+    assert {e["RLRUNNER_DIST_TIMEOUT_S"] for e in env} == {"30.0"}  # cluster.worker_timeout_s, not a fixed 600 s
+    # the rendezvous store listens on the node's IP only (a TCPStore given a host still listens on every interface)
+    port = int(env[0]["MASTER_PORT"])
+    with socket.create_connection((group.node_ips[0], port), timeout=5):
+        pass
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2" if group.node_ips[0] != "127.0.0.2" else "127.0.0.3", port), timeout=5)
+
+
+def test_a_group_that_forms_no_process_group_binds_no_rendezvous_store(counters):
+    assert counters.call("rendezvous_env") == [{}, {}]  # rollout-like workers: no store, no MASTER_* variables
 
 
 def test_rank_0_holds_the_rendezvous_port_from_its_start_until_the_group_forms(cluster):

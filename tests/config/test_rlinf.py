@@ -133,10 +133,21 @@ def test_rlinf_wan_recipes_map_clip_ratio_video_and_rewards(assets, rlinf_env):
     ("actor.fsdp_config.sharding_strategy=hybrid_shard", r"sharding_strategy='hybrid_shard'.* use full_shard or no_sh"),
     ("actor.model.sd3.cfg=true", r"actor.model.sd3.cfg=True with actor.model.sd3.guidance_scale=1.0"),
     ("rollout.model.model_path=/elsewhere", r"rollout.model.model_path='/elsewhere' differs from actor.model"),
+    ("env.train.group_size=16", (r"^env.train.group_size=16 differs from what it means here \(algorithm.group_size=24 "
+                                 r"sets the group\); set env.train.group_size=24 or drop it$")),
+    ("env.eval.group_size=24", (r"env.eval.group_size=24 differs from what it means here \(rlrunner's eval samples "
+                                r"each held-out prompt once\); set env.eval.group_size=1")),
 ])
 def test_rlinf_settings_we_do_not_compute_are_refused_naming_the_key(assets, rlinf_env, override, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe(str(RLINF / "examples/diffusion/config/sd3_nft_ocr.yaml"), [*assets, override])
+
+
+def test_rlinf_group_sizes_that_agree_with_ours_are_accepted(assets, rlinf_env):
+    recipe = str(RLINF / "examples/diffusion/config/sd3_nft_ocr.yaml")  # train: ${algorithm.group_size}, eval: 1
+    assert load_recipe(recipe, assets).algorithm.group_size == 24
+    cfg = load_recipe(recipe, [*assets, "algorithm.group_size=12", "env.train.group_size=12", "env.eval.group_size=1"])
+    assert cfg.algorithm.group_size == 12
 
 
 def test_rlinf_keys_given_as_overrides_are_mapped_too(assets, rlinf_env):

@@ -199,6 +199,23 @@ def test_hps_converter_and_score_equal_open_clip_computed_by_hand(tmp_path):
 # -------------------------------------------------------------------------------------------- loading errors
 
 
+def test_a_folder_saved_by_the_pinned_transformers_loads(tiny_clip, tmp_path):
+    """transformers 5's CLIPProcessor.save_pretrained keeps the image settings in processor_config.json (no
+    preprocessor_config.json): the same model and processor, saved so, score exactly as the 4.x layout."""
+    from transformers import CLIPModel, CLIPProcessor
+
+    saved = tmp_path / "saved-by-transformers"
+    CLIPModel.from_pretrained(tiny_clip).save_pretrained(saved)
+    CLIPProcessor.from_pretrained(tiny_clip).save_pretrained(saved)
+    assert (saved / "processor_config.json").is_file() and not (saved / "preprocessor_config.json").exists()
+    imgs = images(4, seed=5, size=2 * IMAGE_SIZE)  # resized and cropped by the saved processor's settings
+    for name in ("pickscore", "clipscore"):
+        ours = build_reward({"model": name, "model_path": str(saved)})(imgs, PROMPTS)
+        reference = build_reward({"model": name, "model_path": str(tiny_clip)})(imgs, PROMPTS)
+        assert ours.errors == 0
+        np.testing.assert_array_equal(ours.avg, reference.avg)
+
+
 def test_loading_errors_name_the_missing_file(tiny_clip, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -206,6 +223,12 @@ def test_loading_errors_name_the_missing_file(tiny_clip, tmp_path):
         build_reward({"model": "clipscore", "model_path": str(empty), "processor_path": str(tiny_clip)})
     with pytest.raises(FileNotFoundError, match=r"reward.processor_path=.*no tokenizer.json or vocab.json"):
         build_reward({"model": "pickscore", "model_path": str(tiny_clip), "processor_path": str(empty)})
+    tokenizer_only = tmp_path / "tokenizer-only"
+    write_tokenizer(tokenizer_only)
+    (tokenizer_only / "preprocessor_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"reward.processor_path=.*no processor_config.json or "
+                                                r"preprocessor_config.json"):
+        build_reward({"model": "pickscore", "model_path": str(tiny_clip), "processor_path": str(tokenizer_only)})
     with pytest.raises(FileNotFoundError, match=r"reward.head_path='.*missing.pth' does not exist"):
         build_reward({"model": "aesthetic", "model_path": str(tiny_clip), "head_path": str(tmp_path / "missing.pth")})
     with pytest.raises(ValueError, match="reward.model=aesthetic needs reward.head_path"):

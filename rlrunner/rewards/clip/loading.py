@@ -7,7 +7,6 @@ Paths are local folders/files or hub ids (``org/name``); a local path that lacks
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +22,9 @@ OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
-PREPROCESSOR_FILE = "preprocessor_config.json"
+# where save_pretrained keeps the image processor's settings: transformers 5 writes them into processor_config.json
+# (a CLIPProcessor's), 4.x into preprocessor_config.json; transformers' own loader reads both
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 _CACHE: dict[tuple, Any] = {}
 _CACHE_LOCK = threading.Lock()
@@ -102,18 +103,16 @@ class ImageTransform:
 
     @staticmethod
     def from_processor(path: str, key: str) -> ImageTransform:
-        """Read ``preprocessor_config.json`` (``size.shortest_edge``, ``crop_size``, ``image_mean``/``image_std``)."""
-        found = local_file(path, (PREPROCESSOR_FILE,), key, "a CLIP image processor config")
-        if found is None:
-            from huggingface_hub import hf_hub_download
+        """The settings of the image processor saved at ``path`` (``size.shortest_edge``, ``crop_size``,
+        ``image_mean``/``image_std``), read by transformers' ``AutoImageProcessor`` (either file layout)."""
+        from transformers import AutoImageProcessor
 
-            found = Path(hf_hub_download(path, PREPROCESSOR_FILE))
-        cfg = json.loads(found.read_text())
-        size, crop = cfg.get("size", 224), cfg.get("crop_size", cfg.get("size", 224))
-        size = size.get("shortest_edge", size.get("height", 224)) if isinstance(size, dict) else size
-        crop = crop.get("height", crop.get("shortest_edge", 224)) if isinstance(crop, dict) else crop
-        return ImageTransform(int(size), int(crop), tuple(cfg.get("image_mean", OPENAI_MEAN)),
-                              tuple(cfg.get("image_std", OPENAI_STD)))
+        local_file(path, PROCESSOR_FILES, key, "a CLIP image processor config")
+        processor = AutoImageProcessor.from_pretrained(str(Path(path).expanduser()) if is_local(path) else path)
+        size = _edge(getattr(processor, "size", None), ("shortest_edge", "height"))
+        crop = _edge(getattr(processor, "crop_size", None), ("height", "shortest_edge")) or size
+        return ImageTransform(size or 224, crop or 224, tuple(getattr(processor, "image_mean", None) or OPENAI_MEAN),
+                              tuple(getattr(processor, "image_std", None) or OPENAI_STD))
 
     def __call__(self, images: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """uint8 ``[N, H, W, 3]`` -> ``[N, 3, crop, crop]`` in ``dtype`` on ``device``."""
@@ -128,3 +127,11 @@ class ImageTransform:
         mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
         return ((x - mean) / std).to(dtype)
+
+
+def _edge(size: Any, keys: tuple[str, ...]) -> int | None:
+    """The first of ``keys`` set in an image processor's ``size`` (a dict, a ``SizeDict`` or a plain number)."""
+    if size is None or isinstance(size, int):
+        return size
+    values = size if isinstance(size, dict) else vars(size)
+    return next((int(values[k]) for k in keys if values.get(k) is not None), None)

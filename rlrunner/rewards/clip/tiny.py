@@ -42,12 +42,12 @@ def tiny_clip_config(vocab_size: int, eos_token_id: int, width: int = 32) -> obj
 
 def write_tokenizer(folder: Path) -> None:
     """``vocab.json``, an empty ``merges.txt`` and the processor config (resize 28, crop 28, openai mean/std)."""
-    from .loading import OPENAI_MEAN, OPENAI_STD, PREPROCESSOR_FILE
+    from .loading import OPENAI_MEAN, OPENAI_STD
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.json").write_text(json.dumps(byte_vocab()))
     (folder / "merges.txt").write_text("#version: 0.2\n")
-    (folder / PREPROCESSOR_FILE).write_text(json.dumps({
+    (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": IMAGE_SIZE},
         "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}, "image_mean": list(OPENAI_MEAN),
         "image_std": list(OPENAI_STD)}))
