@@ -17,6 +17,10 @@ time (torch runs on one thread here, so CPU time stays honest when other jobs sh
 wall time when the machine is loaded).
 
     .venv/bin/python bench/nft_step.py [--repeats 25] [--layers 4] [--batch 4]
+    .venv/bin/python bench/nft_step.py --family all     # the same steps through each family's FlowModel.velocity
+
+With ``--family``, (a), (b), (c) and (c') run through a model family's own ``FlowModel.velocity`` (its input packing,
+timestep convention, embedded guidance, adapter switch) on the family's tiny random pipeline of the model tests.
 """
 
 from __future__ import annotations
@@ -245,14 +249,93 @@ def run_interleaved(steps: dict[str, Callable[[], None]], repeats: int, warmup: 
     return median_ms
 
 
+def family_steps(model, batch: int) -> dict[str, Callable[[], None]]:
+    """(a), (b), (c) and (c') through ``model.velocity`` (a loaded FlowModel with its ``default`` and ``ema``
+    adapters, made to differ), on ``batch`` samples of 4 prompts."""
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))
+    from family_helpers import encode_prompt_batch
+
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for adapter in (TRAINED, OLD):
+            for p in model.adapter_parameters(adapter):
+                p.add_(0.02 * torch.randn(p.shape, generator=g))
+    cond = encode_prompt_batch(model, [f'a sign that says "{i % 4}"' for i in range(batch)])
+    x0 = torch.randn((batch, *model.latent_shape), generator=g)
+    adv = torch.randn(batch, generator=g) * 2
+
+    def noised():
+        return sample_xt(x0, NUM_STEPS, generator=torch.Generator().manual_seed(0))
+
+    def zero_grad():
+        for p in model.trainable_parameters():
+            p.grad = None
+
+    def fm_step():
+        x_t, t, noise = noised()
+        (model.velocity(x_t, t, cond) - (noise - x0)).square().mean().backward()
+        zero_grad()
+
+    @torch.no_grad()
+    def forward_no_grad():
+        x_t, t, _ = noised()
+        model.velocity(x_t, t, cond)
+
+    def nft_step(v_old_fn):
+        def step():
+            x_t, t, _ = noised()
+            v_old = v_old_fn(x_t, t)
+            nft_loss(model.velocity(x_t, t, cond), v_old, x_t, x0, t, adv, beta=0.1)[0].backward()
+            zero_grad()
+
+        return step
+
+    @torch.no_grad()
+    def v_old_ema(x_t, t):
+        return model.velocity(x_t, t, cond, adapter=OLD)
+
+    x_t, t, _ = noised()
+    v_old_from_rollout = v_old_ema(x_t, t)
+    return {"a_fm_step": fm_step, "b_forward_no_grad": forward_no_grad, "c_nft_step": nft_step(v_old_ema),
+            "c'_nft_step_v_old_given": nft_step(lambda x_t, t: v_old_from_rollout)}
+
+
+def bench_families(families: list[str], args: argparse.Namespace) -> None:
+    """One line of ratios per family, through its FlowModel on its tiny pipeline (fp32, CPU)."""
+    import importlib.util
+    import tempfile
+
+    spec = importlib.util.spec_from_file_location("rollout_overhead", Path(__file__).with_name("rollout_overhead.py"))
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    build_args = argparse.Namespace(resolution=0, num_frames=0, device="cpu", precision="fp32")
+    with tempfile.TemporaryDirectory() as workdir:
+        for family in families:
+            model = overhead.build(family, None, build_args, Path(workdir))
+            ms = run_interleaved(family_steps(model, args.batch), args.repeats, args.warmup)["cpu"]
+            a, b, c, cached = (ms[n] for n in ("a_fm_step", "b_forward_no_grad", "c_nft_step",
+                                               "c'_nft_step_v_old_given"))
+            print(f"{family:16s} batch {args.batch}, cpu ms: (a) {a:7.2f} (b) {b:7.2f} (c) {c:7.2f} (c') "
+                  f"{cached:7.2f}   (c)/((a)+(b)) = {c / (a + b):.3f}   (c)/(a) = {c / a:.3f}   (c')/(a) = "
+                  f"{cached / a:.3f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--family", default="", help="a model family of the tiny pipelines, or all (default: the "
+                                                     "bare SD3 transformer above)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread: the CPU-time clock then sees all the work
+    if args.family:
+        from rlrunner.models import MODEL_FAMILIES
+
+        families = [f for f in MODEL_FAMILIES if f != "tiny"] if args.family == "all" else [args.family]
+        bench_families(families, args)
+        return
 
     model = build_model(args.layers, seed=0)
     data = make_batch(args.batch, seed=1)
