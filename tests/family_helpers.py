@@ -49,6 +49,22 @@ def qwen_tokenizer() -> Any:
     return tok
 
 
+#: Qwen3's chat template for one user turn and the generation prompt (Qwen3 adds an empty think block only when
+#: thinking is off)
+QWEN3_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def qwen_chat_tokenizer() -> Any:
+    """:func:`qwen_tokenizer` with Qwen3's chat template (Z-Image, FLUX.2-klein call ``apply_chat_template``)."""
+    tok = qwen_tokenizer()
+    tok.chat_template = QWEN3_CHAT_TEMPLATE
+    return tok
+
+
 def make_noise(model: FlowModel, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Starting noise ``[batch_size, *latent_shape]`` (float32, on ``model.device``) from ``generator``."""
     gen_device = generator.device if generator is not None else model.device
@@ -101,6 +117,20 @@ def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
     return unpack_latents(latents, h, w)
 
 
+def _zimage_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+                 negative: Cond | None) -> dict[str, Any]:
+    """The pipeline's ``guidance_scale`` is ours minus 1 (it guides as ``pos + g (pos - neg)``, 0 = off)."""
+    from rlrunner.models.ragged_text import unstack_ragged
+
+    kwargs = {"prompt_embeds": unstack_ragged(cond["prompt_embeds"], cond["prompt_mask"]), "latents": noise,
+              "height": model.height, "width": model.width, "guidance_scale": guidance_scale - 1.0,
+              "cfg_truncation": float(model.cfg.cfg_truncation), "cfg_normalization": float(model.cfg.cfg_normalization),
+              "max_sequence_length": int(model.cfg.max_sequence_length)}
+    if negative is not None:
+        kwargs["negative_prompt_embeds"] = unstack_ragged(negative["prompt_embeds"], negative["prompt_mask"])
+    return kwargs
+
+
 #: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise, guidance_scale=g)`` (negative:
 #: ``model.negative_cond``, None without guidance), and how to read the pipeline's output latents back into
 #: ``[B, *latent_shape]``
@@ -108,6 +138,7 @@ PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, to
     "sd3": (_sd3_call, lambda model, latents: latents),
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
     "qwen_image": (_qwen_image_call, _qwen_image_latents),
+    "zimage": (_zimage_call, lambda model, latents: latents),
 }
 
 
