@@ -131,6 +131,21 @@ def _zimage_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: fl
     return kwargs
 
 
+def _flux2_klein_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+                      negative: Cond | None) -> dict[str, Any]:
+    return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": model.height, "width": model.width,
+            "guidance_scale": guidance_scale, "max_sequence_length": int(model.cfg.max_sequence_length),
+            **_negative(negative, negative_prompt_embeds="prompt_embeds")}
+
+
+def _flux2_klein_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
+    """The pipeline returns de-normalised VAE latents: back to the transformer's normalised patches."""
+    from rlrunner.models.flux2_klein import batch_norm_stats, patchify
+
+    mean, std = batch_norm_stats(model.vae)
+    return (patchify(latents) - mean) / std
+
+
 #: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise, guidance_scale=g)`` (negative:
 #: ``model.negative_cond``, None without guidance), and how to read the pipeline's output latents back into
 #: ``[B, *latent_shape]``
@@ -139,6 +154,7 @@ PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, to
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
     "qwen_image": (_qwen_image_call, _qwen_image_latents),
     "zimage": (_zimage_call, lambda model, latents: latents),
+    "flux2_klein": (_flux2_klein_call, _flux2_klein_latents),
 }
 
 

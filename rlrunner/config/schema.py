@@ -297,6 +297,10 @@ class ModelConfig:
     zimage: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(resolution=1024, lora_rank=32, lora_alpha=64, max_sequence_length=512)
     )
+    # FLUX.2-klein 4B / 9B (Flux2KleinPipeline): 1024^2 and 512 text tokens as the pipeline
+    flux2_klein: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=1024, lora_rank=32, lora_alpha=64, max_sequence_length=512)
+    )
 
 
 @dataclass
