@@ -158,6 +158,23 @@ PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, to
 }
 
 
+@torch.no_grad()
+def pipeline_pixels(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int) -> np.ndarray:
+    """The unguided Euler rollout of the EMA adapter decoded by the diffusers pipeline itself (its own latent
+    de-normalisation and postprocessing), as uint8 ``[B, H, W, 3]``: what ``model.decode(model.sample(...))`` gives
+    when the family decodes as its pipeline does."""
+    call_kwargs, _ = PIPELINE_CALLS[model.model_type]
+    original = model.pipe.scheduler
+    model.pipe.scheduler = reference_scheduler(model)
+    try:
+        with model.use_adapter(EMA_ADAPTER):
+            images = model.pipe(**call_kwargs(model, cond, noise, 1.0, None), num_inference_steps=num_steps,
+                                output_type="np", return_dict=False)[0]
+    finally:
+        model.pipe.scheduler = original
+    return (np.asarray(images) * 255).round().astype(np.uint8)
+
+
 def reference_scheduler(model: Any) -> Any:
     """The scheduler the reference pipeline call samples with: the pipeline's own when it is a flow-matching Euler
     scheduler and the recipe leaves ``shift`` to the pipeline's rule (the test then checks that rule too); Euler on
