@@ -49,6 +49,22 @@ def qwen_tokenizer() -> Any:
     return tok
 
 
+#: Qwen3's chat template for one user turn and the generation prompt (Qwen3 adds an empty think block only when
+#: thinking is off)
+QWEN3_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def qwen_chat_tokenizer() -> Any:
+    """:func:`qwen_tokenizer` with Qwen3's chat template (Z-Image, FLUX.2-klein call ``apply_chat_template``)."""
+    tok = qwen_tokenizer()
+    tok.chat_template = QWEN3_CHAT_TEMPLATE
+    return tok
+
+
 def make_noise(model: FlowModel, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Starting noise ``[batch_size, *latent_shape]`` (float32, on ``model.device``) from ``generator``."""
     gen_device = generator.device if generator is not None else model.device
@@ -101,6 +117,35 @@ def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
     return unpack_latents(latents, h, w)
 
 
+def _zimage_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+                 negative: Cond | None) -> dict[str, Any]:
+    """The pipeline's ``guidance_scale`` is ours minus 1 (it guides as ``pos + g (pos - neg)``, 0 = off)."""
+    from rlrunner.models.ragged_text import unstack_ragged
+
+    kwargs = {"prompt_embeds": unstack_ragged(cond["prompt_embeds"], cond["prompt_mask"]), "latents": noise,
+              "height": model.height, "width": model.width, "guidance_scale": guidance_scale - 1.0,
+              "cfg_truncation": float(model.cfg.cfg_truncation), "cfg_normalization": float(model.cfg.cfg_normalization),
+              "max_sequence_length": int(model.cfg.max_sequence_length)}
+    if negative is not None:
+        kwargs["negative_prompt_embeds"] = unstack_ragged(negative["prompt_embeds"], negative["prompt_mask"])
+    return kwargs
+
+
+def _flux2_klein_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+                      negative: Cond | None) -> dict[str, Any]:
+    return {"prompt_embeds": cond["prompt_embeds"], "latents": noise, "height": model.height, "width": model.width,
+            "guidance_scale": guidance_scale, "max_sequence_length": int(model.cfg.max_sequence_length),
+            **_negative(negative, negative_prompt_embeds="prompt_embeds")}
+
+
+def _flux2_klein_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
+    """The pipeline returns de-normalised VAE latents: back to the transformer's normalised patches."""
+    from rlrunner.models.flux2_klein import batch_norm_stats, patchify
+
+    mean, std = batch_norm_stats(model.vae)
+    return (patchify(latents) - mean) / std
+
+
 #: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise, guidance_scale=g)`` (negative:
 #: ``model.negative_cond``, None without guidance), and how to read the pipeline's output latents back into
 #: ``[B, *latent_shape]``
@@ -108,7 +153,26 @@ PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, to
     "sd3": (_sd3_call, lambda model, latents: latents),
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
     "qwen_image": (_qwen_image_call, _qwen_image_latents),
+    "zimage": (_zimage_call, lambda model, latents: latents),
+    "flux2_klein": (_flux2_klein_call, _flux2_klein_latents),
 }
+
+
+@torch.no_grad()
+def pipeline_pixels(model: Any, cond: Cond, noise: torch.Tensor, *, num_steps: int) -> np.ndarray:
+    """The unguided Euler rollout of the EMA adapter decoded by the diffusers pipeline itself (its own latent
+    de-normalisation and postprocessing), as uint8 ``[B, H, W, 3]``: what ``model.decode(model.sample(...))`` gives
+    when the family decodes as its pipeline does."""
+    call_kwargs, _ = PIPELINE_CALLS[model.model_type]
+    original = model.pipe.scheduler
+    model.pipe.scheduler = reference_scheduler(model)
+    try:
+        with model.use_adapter(EMA_ADAPTER):
+            images = model.pipe(**call_kwargs(model, cond, noise, 1.0, None), num_inference_steps=num_steps,
+                                output_type="np", return_dict=False)[0]
+    finally:
+        model.pipe.scheduler = original
+    return (np.asarray(images) * 255).round().astype(np.uint8)
 
 
 def reference_scheduler(model: Any) -> Any:

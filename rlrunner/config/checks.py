@@ -246,6 +246,8 @@ _FAMILY = {
     "gradient_checkpointing": Free("bool"),
     "offload_text_encoder": Free("bool"),
     "offload_vae": Free("bool"),
+    "cfg_truncation": Range(low=0, meaning="zimage: no guidance once 1 - sigma exceeds it; 1.0 = never"),
+    "cfg_normalization": Range(low=0, meaning="zimage: cap on the guided / conditional norm ratio; 0 = off"),
 }
 _SPLIT = {
     "total_num_envs": POSITIVE_INT,

@@ -265,6 +265,11 @@ class FamilyConfig:
     # free text encoders after prompts are encoded and move the VAE to host memory between decodes
     offload_text_encoder: bool = False
     offload_vae: bool = False
+    # zimage's guidance options, as ZImagePipeline's: no guidance on steps whose 1 - sigma exceeds cfg_truncation
+    # (1.0 = guide every step); cfg_normalization > 0 scales each guided velocity down to at most that multiple of
+    # the conditional one's norm (0 = off; the pipeline's cfg_normalization=True is 1.0)
+    cfg_truncation: float = 1.0
+    cfg_normalization: float = 0.0
 
 
 @dataclass
@@ -287,6 +292,14 @@ class ModelConfig:
     )
     qwen_image: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(resolution=512, lora_rank=64, lora_alpha=128, max_sequence_length=512)
+    )
+    # Z-Image / Z-Image-Turbo (ZImagePipeline): 1024^2 and 512 text tokens as the pipeline; LoRA r32 as DiffSynth-Studio
+    zimage: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=1024, lora_rank=32, lora_alpha=64, max_sequence_length=512)
+    )
+    # FLUX.2-klein 4B / 9B (Flux2KleinPipeline): 1024^2 and 512 text tokens as the pipeline
+    flux2_klein: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=1024, lora_rank=32, lora_alpha=64, max_sequence_length=512)
     )
 
 

@@ -21,6 +21,8 @@ MODEL_FAMILIES: dict[str, str] = {
     "sd3": "rlrunner.models.sd3:SD3FlowModel",
     "wan22_ti2v_5b": "rlrunner.models.wan:WanFlowModel",
     "qwen_image": "rlrunner.models.qwen_image:QwenImageFlowModel",
+    "zimage": "rlrunner.models.zimage:ZImageFlowModel",
+    "flux2_klein": "rlrunner.models.flux2_klein:Flux2KleinFlowModel",
 }
 
 

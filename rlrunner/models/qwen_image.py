@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rlrunner.models.base import (
     Cond,
@@ -30,6 +29,7 @@ from rlrunner.models.base import (
     vae_latent_stats,
 )
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
+from rlrunner.models.ragged_text import concat_padded
 from rlrunner.models.schedules import token_shift_kwargs
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
@@ -117,12 +117,7 @@ class QwenImageFlowModel(FlowModel):
 
     def concat_cond(self, conds: list[Cond]) -> Cond:
         """Concatenate along the batch, zero-padding embeddings and masks to the longest text."""
-        length = max(c["prompt_embeds"].shape[1] for c in conds)
-
-        def pad(x: torch.Tensor) -> torch.Tensor:
-            return F.pad(x, (0, 0, 0, length - x.shape[1]) if x.dim() == 3 else (0, length - x.shape[1]))
-
-        return {k: torch.cat([pad(c[k]) for c in conds]) for k in ("prompt_embeds", "prompt_mask")}
+        return concat_padded(conds)
 
     def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond,
                           guidance: torch.Tensor | None = None) -> torch.Tensor:

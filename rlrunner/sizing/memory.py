@@ -36,6 +36,9 @@ ADAMW_STATES = 2
 #: rewards whose OCR engine the plan does not size
 OCR_REWARDS = ("ocr", "video_ocr")
 FP32 = torch.float32
+#: denoiser config keys whose sum is the block count L: FLUX's single-stream blocks see every token as its double
+#: blocks do; Z-Image's n_refiner_layers refine the image and the text tokens apart, about one block over both each
+BLOCK_COUNT_KEYS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
 #: elements kept per token and hidden unit by one transformer block for backward (Korthikanti et al. 2022,
 #: "Reducing Activation Recomputation in Large Transformer Models": 34 s b h bytes in 16-bit = 17 elements,
 #: with memory-efficient attention, which drops their 5 a s^2 b term)
@@ -129,6 +132,8 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     text_encoders = {name: module_bytes(build_on_meta(c, dtype), dtype) for name, c in components.items()
                      if name not in (denoiser_name, VAE_NAME)}
     heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
+    width = heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else config.get("dim")
+    blocks = sum(int(config.get(key) or 0) for key in BLOCK_COUNT_KEYS) or None
     return ModelSizes(
         dtype=dtype,
         denoiser_bytes=module_bytes(denoiser, dtype),
@@ -138,8 +143,8 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
         lora_params=lora_parameter_count(denoiser, family.lora_target_modules, int(family_cfg.lora_rank),
                                          int(family_cfg.lora_alpha), family.lora_exclude_modules(denoiser)),
         shapes=shapes,
-        hidden_size=heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else None,
-        num_layers=config.get("num_layers") if denoiser_name == "transformer" else None,
+        hidden_size=width if isinstance(width, int) else None,
+        num_layers=blocks if denoiser_name == "transformer" else None,
     )
 
 

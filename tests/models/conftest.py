@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from family_helpers import clip_tokenizer, qwen_tokenizer, t5_tokenizer
+from family_helpers import clip_tokenizer, qwen_chat_tokenizer, qwen_tokenizer, t5_tokenizer
 
 
 def _t5_encoder(vocab_size: int, d_model: int = 32):
@@ -119,10 +119,74 @@ def write_tiny_qwen_image(directory: str | Path) -> Path:
     return Path(directory)
 
 
+#: Z-Image's published scheduler config (static shift 6.0; Z-Image-Turbo's is 3.0)
+ZIMAGE_SCHEDULER = {"shift": 6.0, "use_dynamic_shifting": False}
+
+
+def write_tiny_zimage(directory: str | Path) -> Path:
+    """ZImagePipeline: ZImageTransformer2DModel (1 refiner + 1 main layer), AutoencoderKL (2x down), Qwen3."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(0)
+    transformer = ZImageTransformer2DModel(in_channels=4, dim=16, n_layers=1, n_refiner_layers=1, n_heads=2,
+                                           n_kv_heads=2, cap_feat_dim=16, axes_dims=[2, 2, 4])
+    vae = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(4, 8), layers_per_block=1,
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+                        shift_factor=0.1159, scaling_factor=0.3611, sample_size=16)
+    tokenizer = qwen_chat_tokenizer()
+    te_cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=256)
+    pipe = ZImagePipeline(transformer=transformer, vae=vae, text_encoder=Qwen3Model(te_cfg), tokenizer=tokenizer,
+                          scheduler=FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER))
+    pipe.save_pretrained(directory)
+    return Path(directory)
+
+
+#: FLUX.2-klein's published scheduler config: exp(mu)-shifted, mu from compute_empirical_mu (the pipeline's)
+FLUX2_KLEIN_SCHEDULER = {"shift": 3.0, "use_dynamic_shifting": True, "time_shift_type": "exponential",
+                         "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096}
+
+
+def write_tiny_flux2_klein(directory: str | Path, is_distilled: bool = False) -> Path:
+    """Flux2KleinPipeline (klein base; ``is_distilled`` for the step-distilled klein): Flux2Transformer2DModel (1
+    double + 2 single blocks), AutoencoderKLFlux2 (2x down, 2x2 patches, batch-norm statistics set to non-trivial
+    values), Qwen3 with 27 layers (the pipeline stacks layers 9, 18, 27)."""
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2KleinPipeline,
+        Flux2Transformer2DModel,
+    )
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    transformer = Flux2Transformer2DModel(in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=8,
+                                          num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=16,
+                                          axes_dims_rope=(2, 2, 2, 2), guidance_embeds=False)
+    vae = AutoencoderKLFlux2(block_out_channels=(4, 8), layers_per_block=1, latent_channels=4, norm_num_groups=1,
+                             down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                             use_quant_conv=False, use_post_quant_conv=False, sample_size=16)
+    with torch.no_grad():
+        vae.bn.running_mean.uniform_(-0.5, 0.5)
+        vae.bn.running_var.uniform_(0.5, 2.0)
+    tokenizer = qwen_chat_tokenizer()
+    te_cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=27,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=256)
+    pipe = Flux2KleinPipeline(transformer=transformer, vae=vae, text_encoder=Qwen3ForCausalLM(te_cfg),
+                              tokenizer=tokenizer, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_KLEIN_SCHEDULER),
+                              is_distilled=is_distilled)
+    pipe.save_pretrained(directory)
+    return Path(directory)
+
+
 TINY_WRITERS: dict[str, Callable[[str | Path], Path]] = {
     "sd3": write_tiny_sd3,
     "wan22_ti2v_5b": write_tiny_wan,
     "qwen_image": write_tiny_qwen_image,
+    "zimage": write_tiny_zimage,
+    "flux2_klein": write_tiny_flux2_klein,
 }
 
 #: per-family settings that fit the tiny components (pixel sizes map to 8x8 / 2x2x2 / 8x8 latents); the schedule is
@@ -131,6 +195,8 @@ TINY_FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
     "sd3": {"resolution": 16, "max_sequence_length": 8},
     "wan22_ti2v_5b": {"resolution": 32, "num_frames": 5, "max_sequence_length": 8},
     "qwen_image": {"resolution": 32, "max_sequence_length": 256},
+    "zimage": {"resolution": 16, "max_sequence_length": 64},
+    "flux2_klein": {"resolution": 32, "max_sequence_length": 64},
 }
 
 

@@ -13,13 +13,14 @@ from rlrunner.rewards.frames import num_chunks
 ROOT = Path(__file__).resolve().parents[2]
 OCR_DATA = ROOT / "examples" / "diffusion" / "data" / "ocr"
 RECIPES = ["sd3_nft_ocr", "wan22_ti2v_5b_nft_ocr", "wan22_ti2v_5b_nft_video_ocr", "qwen_image_nft_ocr"]
+RECIPES += ["zimage_nft_ocr"]
 
 
-def _load(name: str):
-    overrides = []
+def _load(name: str, *extra: str):
+    overrides = list(extra)
     if not ((OCR_DATA / "train.txt").is_file() and (OCR_DATA / "test.txt").is_file()):
         # the OCR prompt set is shipped separately; the recipe's other checks still run on the tiny prompts
-        overrides = [f"env.{split}.dataset.path=examples/diffusion/data/tiny_ocr" for split in ("train", "eval")]
+        overrides += [f"env.{split}.dataset.path=examples/diffusion/data/tiny_ocr" for split in ("train", "eval")]
     return load_recipe(name, overrides)
 
 
@@ -78,3 +79,48 @@ def test_qwen_image_recipe():
     assert cfg.actor.model.model_path == "Qwen/Qwen-Image"
     assert (qwen.lora_rank, qwen.lora_alpha, cfg.algorithm.group_size) == (64, 128, 16)
     assert cfg.algorithm.ref_kl_coef == 1e-4
+
+
+def test_zimage_recipe():
+    """Flow-Factory's Z-Image NFT settings (examples/nft/lora/z_image/default.yaml)."""
+    cfg = _load("zimage_nft_ocr")
+    zimage = cfg.actor.model.zimage
+    assert cfg.actor.model.model_path == "Tongyi-MAI/Z-Image" and zimage.guidance == "auto"
+    assert (zimage.resolution, zimage.lora_rank, zimage.lora_alpha, zimage.shift) == (512, 64, 128, None)
+    assert (zimage.cfg_truncation, zimage.cfg_normalization) == (1.0, 0.0)
+    assert (cfg.algorithm.group_size, cfg.actor.optim.lr, cfg.actor.global_batch_size) == (16, 3e-4, 768)
+    assert cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch == 48 * 16
+
+
+def test_flux2_klein_recipe():
+    """Flow-Factory's klein-base NFT settings (examples/nft/lora/flux2_klein_base/default.yaml): 384 px, 8 steps,
+    28 eval steps, no CFG in rollouts."""
+    cfg = _load("flux2_klein_nft_ocr")
+    klein = cfg.actor.model.flux2_klein
+    assert cfg.actor.model.model_path == "black-forest-labs/FLUX.2-klein-base-4B"
+    assert (klein.resolution, klein.num_steps, klein.eval_num_steps, klein.guidance_scale) == (384, 8, 28, 1.0)
+    assert (klein.lora_rank, klein.lora_alpha, klein.shift, cfg.actor.optim.lr) == (64, 128, None, 1e-4)
+    assert (cfg.algorithm.group_size, cfg.algorithm.nft_beta, cfg.algorithm.adv_clip_max) == (16, 0.1, 5.0)
+    assert cfg.actor.model.precision == "bf16" and cfg.cluster.component_placement == {"actor,env,rollout": "all"}
+
+
+NEW_FAMILY_RECIPES = {"zimage": "zimage_nft_ocr", "flux2_klein": "flux2_klein_nft_ocr"}
+
+
+@pytest.mark.parametrize("model_type", sorted(NEW_FAMILY_RECIPES))
+def test_bad_family_inputs_fail_before_launch(model_type, tiny_dirs, tmp_path):
+    """One line each from the recipe check, before any worker: a guidance kind the family lacks, a folder of
+    another pipeline class, a resolution that does not patch evenly (tiny VAEs: 2x down, patch 2)."""
+    from rlrunner.config.errors import RecipeError
+
+    name, key = NEW_FAMILY_RECIPES[model_type], f"actor.model.{model_type}"
+    folder = f"actor.model.model_path={tiny_dirs(model_type)}"
+    with pytest.raises(RecipeError, match=f"{key}.guidance='embedded' is not supported by this family"):
+        _load(name, f"{key}.guidance=embedded")
+    (tmp_path / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
+    with pytest.raises(RecipeError, match=f"holds a FluxPipeline pipeline, but model_type '{model_type}'"):
+        _load(name, f"actor.model.model_path={tmp_path}")
+    with pytest.raises(RecipeError, match="resolution 18x18 must be divisible by 4.*nearest valid: 16x16"):
+        _load(name, folder, f"{key}.resolution=18")
+    auto = _load(name, folder, "actor.model.model_type=auto")
+    assert auto.actor.model.model_type == model_type

@@ -12,6 +12,8 @@ from family_helpers import encode_prompt_batch, make_noise, pipeline_sample
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER
 
 FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image"]
+FAMILIES += ["zimage"]
+FAMILIES += ["flux2_klein"]
 PROMPTS = ['a sign that says "open"', "a cat", 'the word "rl" on a wall']
 
 

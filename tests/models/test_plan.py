@@ -32,6 +32,8 @@ from rlrunner.sizing.meta import CONFIG_FILE, MODEL_INDEX
 
 FAMILIES = ("sd3", "wan22_ti2v_5b", "qwen_image")
 RECIPES = {"sd3": "sd3_nft_ocr", "wan22_ti2v_5b": "wan22_ti2v_5b_nft_ocr", "qwen_image": "qwen_image_nft_ocr"}
+FAMILIES += ("zimage", "flux2_klein")
+RECIPES |= {"zimage": "zimage_nft_ocr", "flux2_klein": "flux2_klein_nft_ocr"}
 TINY_FOLDER = Path("examples/diffusion/models/tiny-ocr-flow")
 
 
@@ -91,7 +93,7 @@ def test_sample_shapes_are_what_the_family_produces(load_tiny, model_type):
     cond = model.encode_prompts(['a sign that says "hi"', "b"])
     for name, (shape, dtype) in model.shapes.cond.items():
         assert cond[name].dtype == (dtype or model.dtype)
-        if name.startswith("prompt") and model_type == "qwen_image":  # padded to the batch's longest prompt
+        if name.startswith("prompt") and "prompt_mask" in cond:  # padded to the batch's longest prompt
             assert cond[name].shape[1] <= shape[0] and cond[name].shape[2:] == shape[1:]
         else:
             assert cond[name].shape[1:] == shape
