@@ -31,9 +31,6 @@ from rlrunner.models import EMA_ADAPTER, model_class
 from rlrunner.utils.device import resolve_device, resolve_dtype
 
 TARGET = 1.05
-#: the families with a tiny pipeline writer (tests/models/conftest.py)
-FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image"]
-FAMILIES += ["zimage", "flux2_klein"]
 
 
 def _tiny_writers():
@@ -100,12 +97,8 @@ def bench_family(family: str, args: argparse.Namespace, workdir: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-<<<<<<< HEAD
     parser.add_argument("--family", default="all", help="a family of the tiny pipelines (tests/models/conftest.py), "
                                                         "or all")
-=======
-    parser.add_argument("--family", default="all", choices=["all", *FAMILIES])
->>>>>>> zimage
     parser.add_argument("--model-path", default=None, help="diffusers folder or hub id (default: tiny random)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=4)
@@ -117,11 +110,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-<<<<<<< HEAD
     families = list(_tiny_writers().TINY_WRITERS) if args.family == "all" else [args.family]
-=======
-    families = FAMILIES if args.family == "all" else [args.family]
->>>>>>> zimage
     if args.model_path and len(families) > 1:
         parser.error("--model-path needs --family")
     with tempfile.TemporaryDirectory() as workdir:
