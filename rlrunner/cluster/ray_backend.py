@@ -43,10 +43,15 @@ from rlrunner.cluster.shipping import check_readable, job_runtime_env, setup_fai
 from rlrunner.utils.threads import apply_thread_budget, thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+REJOIN_PROBE_S = 10.0  # rejoin: how long a new placement group may wait before the nodes are mapped again
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
 _SPAWNS = itertools.count()  # makes the Ray actor names of this process unique
 # Ray accelerator resource -> torch device kind, for the device a worker reports
 _TORCH_KIND = {"GPU": "cuda", "NPU": "npu"}
+
+
+class _NotPlaced(RuntimeError):
+    """Ray did not place the placement group's bundles in time."""
 
 
 class _WorkerHost:
@@ -294,26 +299,30 @@ class RayCluster(Cluster):
 
     def rejoin(self, timeout_s: float) -> None:
         """Give the placement group back, wait until the alive nodes fit the placement again (a lost node back, or
-        another in its place: recipe node ``k`` is mapped anew) and place a new one, all within ``timeout_s``."""
+        another in its place: recipe node ``k`` is mapped anew) and place a new one, all within ``timeout_s``.
+
+        Ray reports a lost node as alive until its health checks fail, so a group pinned to it never becomes
+        ready: it is given back after :data:`REJOIN_PROBE_S` and the nodes are mapped again.
+        """
         import ray
 
         deadline = time.monotonic() + timeout_s
-        if self._pg is not None:
-            with contextlib.suppress(Exception):
-                ray.util.remove_placement_group(self._pg)
-            self._pg = None
         while True:
+            if self._pg is not None:
+                with contextlib.suppress(Exception):
+                    ray.util.remove_placement_group(self._pg)
+                self._pg = None
             try:
                 self.nodes = self._check_nodes(self._cluster_name)
-                break
-            except PlacementError as err:
+                self._slots_used = {d: 0 for d in self.placement.used_devices}
+                probe = min(REJOIN_PROBE_S, max(deadline - time.monotonic(), 1.0))
+                self._pg, self._bundle_index = self._create_placement_group(probe, "cluster.rejoin_timeout_s")
+                return
+            except (PlacementError, _NotPlaced) as err:
                 if time.monotonic() >= deadline:
                     raise PlacementError(f"{err} (waited {timeout_s:g} s, cluster.rejoin_timeout_s, for the "
                                          "cluster to hold the placement again)") from None
                 time.sleep(1.0)
-        self._slots_used = {d: 0 for d in self.placement.used_devices}
-        self._pg, self._bundle_index = self._create_placement_group(max(deadline - time.monotonic(), 1.0),
-                                                                    "cluster.rejoin_timeout_s")
 
     def _create_placement_group(self, timeout_s: float, timeout_key: str) -> tuple[Any, dict[int, int]]:
         """One bundle per used device, each pinned by label to the Ray node of its recipe node; ``timeout_s``
@@ -331,7 +340,7 @@ class RayCluster(Cluster):
             ray.get(pg.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.util.remove_placement_group(pg)
-            raise RuntimeError(
+            raise _NotPlaced(
                 f"Ray could not place the {len(bundles)} bundles of devices {format_devices(devices)} on their "
                 f"nodes within {timeout_s:g} s ({timeout_key}); other jobs may hold the resources"
             ) from None
