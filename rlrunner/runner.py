@@ -62,7 +62,7 @@ class Runner:
         trackers (a refused resume leaves none open) or keep writing to ``run_logger`` (a restarted run's).
         ``stop_requested``: the name of a signal that asked the run to stop, read between steps."""
         self.cfg, self.log_dir, self.cluster = cfg, Path(log_dir), cluster
-        self.stop_requested = stop_requested or str
+        self.stop_requested = stop_requested or (lambda: "")
         run, alg, env = cfg.runner, cfg.algorithm, cfg.env
         placement = cluster.placement
         datasets = load_datasets(env)
