@@ -462,6 +462,6 @@ def run(cfg: DictConfig, log_dir: Path) -> None:
                 return Runner(cfg, log_dir, cluster, resume_dir=resume_dir, run_logger=run_logger,
                               stop_requested=stop)
 
-            supervise(cluster, cfg, log_dir, start)
+            supervise(cluster, cfg, log_dir, start, stop)
     finally:
         torch.set_num_threads(threads)

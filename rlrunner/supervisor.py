@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from rlrunner.checkpoint import complete_checkpoints
 from rlrunner.cluster import Cluster
 from rlrunner.logger import RunLogger
-from rlrunner.preemption import run_status
+from rlrunner.preemption import PREEMPTED, run_status
 from rlrunner.recovery import Restart, RestartPolicy
 
 RESTARTS_FILE = "restarts.jsonl"
@@ -43,9 +43,11 @@ class Supervised(Protocol):
 StartRunner = Callable[[str, "RunLogger | None"], Supervised]
 
 
-def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner) -> None:
-    """Train to the end, restarting on new workers after each curable failure; always close the trackers with the
-    run's status (finished, preempted, failed) and let the error that ended the run propagate."""
+def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner,
+              stop_requested: Callable[[], str] = lambda: "") -> None:
+    """Train to the end, restarting on new workers after each curable failure (but not once a signal asked the run
+    to stop: ``stop_requested``, the signal's name); always close the trackers with the run's status (finished,
+    preempted, failed) and let the error that ended the run propagate."""
     policy = RestartPolicy(cfg.runner.max_restarts)
     resume_dir, run_logger, restart, failed_at = cfg.runner.resume_dir, None, None, 0.0
     while True:
@@ -59,11 +61,12 @@ def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner) -> 
         except BaseException as error:
             failed_at = time.monotonic()
             step = runner.step + 1 if runner is not None else (restart.step_failed_at if restart else 1)
-            restart = policy.admit(error, step)
+            stopping = stop_requested()  # a Ctrl-C that reached the workers too is no failure to cure
+            restart = None if stopping else policy.admit(error, step)
             if restart is None:
                 if policy.refusal:
                     print(f"rlrunner: {policy.refusal}", file=sys.stderr)
-                _close(runner, run_logger, run_status(error))
+                _close(runner, run_logger, PREEMPTED if stopping else run_status(error))
                 raise
             restart.lost_steps = runner.step if runner is not None else 0  # less the resumed step, once known
             try:

@@ -59,6 +59,7 @@ def test_restarts_are_counted_and_a_failure_at_the_same_step_stops_the_run():
         RestartPolicy(-1)
 
 
+@pytest.mark.slow
 def test_a_failure_that_repeats_at_the_same_step_stops_after_one_restart(tmp_path, capsys):
     """In-process workers, a step that loses a worker every time it runs: one restart, then the original error."""
     cfg = small_recipe(tmp_path, *QUIET, "runner.max_steps=3")
@@ -78,6 +79,22 @@ def test_a_failure_that_repeats_at_the_same_step_stops_after_one_restart(tmp_pat
     assert (restart["step_failed_at"], restart["step_resumed_from"], restart["lost_steps"]) == (2, 1, 0)
     assert "rlrunner: not restarting: step 2 failed again after a restart" in capsys.readouterr().err
     assert [m["step"] for m in train_metrics(log_dir)] == [1]
+
+
+def test_a_run_asked_to_stop_does_not_restart_its_lost_workers(tmp_path):
+    """A Ctrl-C that reached the workers too (same process group) loses them: no failure to cure, the run ends."""
+    cfg = small_recipe(tmp_path, *QUIET)
+    log_dir = tmp_path / "logs" / "run"
+    log_dir.mkdir(parents=True)
+
+    class LosesItsEnvWorker(Runner):
+        def train_step(self):
+            raise _lost("env")
+
+    with create_cluster(cfg.cluster) as cluster, pytest.raises(WorkerLost, match="env worker rank 0"):
+        supervise(cluster, cfg, log_dir, lambda resume_dir, logger: LosesItsEnvWorker(
+            cfg, log_dir, cluster, resume_dir=resume_dir, run_logger=logger), stop_requested=lambda: "SIGINT")
+    assert not (log_dir / "restarts.jsonl").exists()
 
 
 def _killer(log_dir: Path, kills: list[tuple[int, str]], done: list[str]) -> None:
