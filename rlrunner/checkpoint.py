@@ -129,7 +129,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
 RESUME_FREE_KEYS = ("runner.max_steps", "runner.max_epochs", "runner.logger.", "runner.resume_dir",
                     "runner.resume_allow_changes", "runner.log_dir", "runner.save_interval", "runner.keep_last_n",
                     "runner.val_check_interval", "runner.val_before_train", "runner.sample_log_interval",
-                    "runner.num_logged_samples", "cluster.")
+                    "runner.num_logged_samples", "runner.max_restarts", "runner.save_on_signal", "cluster.")
 
 
 def _recipe(ckpt: Path) -> dict[str, Any]:

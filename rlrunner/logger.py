@@ -140,10 +140,14 @@ class RunLogger:
             for i, clip in enumerate(videos):
                 iio.imwrite(out_dir / f"{tag.replace('/', '_')}_step{step:06d}_{i}.mp4", clip, fps=fps)
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:
+        """Flush and close every backend; the trackers record how the run ended: ``status`` is ``finished``,
+        ``failed`` or ``preempted`` (:mod:`rlrunner.preemption`). Idempotent."""
+        if self.jsonl.closed:
+            return
+        self.jsonl.close()
         if self.writer is not None:
             self.writer.close()
         for tracker in self.trackers:
-            tracker.close()
-        self.jsonl.close()
+            tracker.close(status)
 

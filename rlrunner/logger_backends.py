@@ -43,6 +43,11 @@ def _import(name: str) -> ModuleType:
         raise ImportError(install_hint(name)) from err
 
 
+# how each tracker spells the run's end (wandb: an exit code, and mark_preempting for preempted)
+SWANLAB_STATES = {"finished": "success", "failed": "crashed", "preempted": "aborted"}
+MLFLOW_STATES = {"finished": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
+
+
 class Tracker(Protocol):
     """What RunLogger asks of an experiment tracker."""
 
@@ -50,7 +55,7 @@ class Tracker(Protocol):
 
     def image(self, tag: str, image: np.ndarray, caption: str, step: int) -> None: ...  # uint8 [H, W, 3]
 
-    def close(self) -> None: ...
+    def close(self, status: str) -> None: ...  # status: finished | failed | preempted
 
 
 class WandbTracker:
@@ -65,8 +70,10 @@ class WandbTracker:
     def image(self, tag: str, image: np.ndarray, caption: str, step: int) -> None:
         self.run.log({tag: self.wandb.Image(image, caption=caption)}, step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, status: str) -> None:
+        if status == "preempted":  # wandb shows the run as preempted, not crashed
+            self.run.mark_preempting()
+        self.run.finish(exit_code=0 if status == "finished" else 1)
 
 
 class SwanlabTracker:
@@ -81,8 +88,8 @@ class SwanlabTracker:
     def image(self, tag: str, image: np.ndarray, caption: str, step: int) -> None:
         self.run.log({tag: self.swanlab.Image(image, caption=caption)}, step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, status: str) -> None:
+        self.run.finish(state=SWANLAB_STATES[status])
 
 
 class MlflowTracker:
@@ -111,8 +118,8 @@ class MlflowTracker:
     def image(self, tag: str, image: np.ndarray, caption: str, step: int) -> None:
         self.client.log_image(self.run_id, image, key=tag, step=step)
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=MLFLOW_STATES[status])
 
 
 def _flat(config: dict, prefix: str = "") -> dict:

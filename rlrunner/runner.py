@@ -11,6 +11,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import load_checkpoint, resume_point, save_checkpoint, write_adapters
+from rlrunner.checkpoint import CheckpointError, load_checkpoint, resume_point, save_checkpoint, write_adapters
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
@@ -33,15 +34,19 @@ from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class
+from rlrunner.preemption import FINISHED, Preempted, StopSignals
 from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.sample_order import TrainPlan
 from rlrunner.shares import reward_slices, split_evenly
+from rlrunner.supervisor import supervise
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker, shard_parts
 
 logger = logging.getLogger("rlrunner")
+# actor.optim.lr_scheduler values whose learning rates do not depend on the run's length
+LENGTH_FREE_SCHEDULES = ("constant", "constant_with_warmup")
 # keyword that each advantage estimator takes for algorithm.advantage_mode
 ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 
@@ -51,8 +56,13 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
 
 
 class Runner:
-    def __init__(self, cfg: DictConfig, log_dir: Path, cluster: Any) -> None:
+    def __init__(self, cfg: DictConfig, log_dir: Path, cluster: Any, *, resume_dir: str | None = None,
+                 run_logger: RunLogger | None = None, stop_requested: Callable[[], str] | None = None) -> None:
+        """Start the workers on ``cluster``, resume (``resume_dir``, default ``runner.resume_dir``), then open the
+        trackers (a refused resume leaves none open) or keep writing to ``run_logger`` (a restarted run's).
+        ``stop_requested``: the name of a signal that asked the run to stop, read between steps."""
         self.cfg, self.log_dir, self.cluster = cfg, Path(log_dir), cluster
+        self.stop_requested = stop_requested or (lambda: "")
         run, alg, env = cfg.runner, cfg.algorithm, cfg.env
         placement = cluster.placement
         datasets = load_datasets(env)
@@ -62,13 +72,14 @@ class Runner:
         samples_per_step = env.train.total_num_envs * env.train.rollout_epoch
         steps_per_epoch = math.ceil(len(self.train_prompts) / (self.prompts_per_epoch * env.train.rollout_epoch))
         self.max_steps = run.max_steps if run.max_steps > 0 else run.max_epochs * steps_per_epoch
-        optimizer_steps = self.max_steps * samples_per_step // cfg.actor.global_batch_size
-        self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
+        # the LR schedule's length: fixed by max_steps, so a resume that changes it is checked (resume())
+        self.lr_schedule_steps = self.max_steps * samples_per_step // cfg.actor.global_batch_size
+        self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg,
+                                   self.lr_schedule_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
                                      algorithm_cfg=alg)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env))
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
-        self.run_logger = RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
         self.env.call("set_prompt_metadata", {split: data.metadata for split, data in datasets.items()})
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs
@@ -81,13 +92,15 @@ class Runner:
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
         self.rollout_adapters: dict[str, dict[str, torch.Tensor]] = {}  # the last sync's, as the rollout holds them
         self.synced_step = -1  # the global step whose adapters the last sync sent
+        self.saved_step = -1  # the global step of the newest checkpoint of this run (or the one it resumed)
         model = cfg.actor.model
         family = model[model.model_type]
         self.model_info = {"model_type": model.model_type, "model_path": model.model_path,
                            "lora_rank": family.lora_rank, "lora_alpha": family.lora_alpha}
-        if run.resume_dir:
-            self.resume(run.resume_dir)
-        self.sync_weights()
+        resume_dir = run.resume_dir if resume_dir is None else resume_dir
+        if not (resume_dir and self.resume(resume_dir)):
+            self.sync_weights()
+        self.run_logger = run_logger or RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
@@ -97,6 +110,9 @@ class Runner:
         progress = self.progress = tqdm(total=self.max_steps, initial=self.step, desc="train", unit="step",
                                         dynamic_ncols=True, file=sys.stderr, disable=not sys.stderr.isatty())
         while self.step < self.max_steps:
+            if signal_name := self.stop_requested():  # a step boundary: the safe point to stop at
+                progress.close()
+                raise Preempted(signal_name, self.step, self.save() if 0 < self.step != self.saved_step else None)
             metrics = self.train_step()
             report_step(progress, self.step, self.max_steps, metrics, self.loss_key)
             last = self.step == self.max_steps
@@ -320,6 +336,11 @@ class Runner:
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
                  "nonfinite_in_a_row": self.nonfinite_in_a_row,
                  "reward_failures_in_a_row": self.reward_failures_in_a_row,
+                 # what a resume must not change (check_resumable), and the adapters the rollout holds when the
+                 # last sync was before this step (runner.weight_sync_interval > 1): a resume must not sync newer
+                 "lr_schedule_steps": self.lr_schedule_steps, "rollout_world_size": self.rollout.world_size,
+                 "synced_step": self.synced_step,
+                 "rollout_adapters": self.rollout_adapters if self.synced_step != self.step else None,
                  # a rollout started ahead is replayed on resume: its prompt rows and the adapters that sampled it
                  "ahead": None if self.ahead is None else {"rows": self.ahead.rows, "step": self.ahead.step,
                                                            "adapters": self.ahead.adapters}}
@@ -329,34 +350,79 @@ class Runner:
             model_info=self.model_info, keep_last_n=self.cfg.runner.keep_last_n,
             write_adapters=lambda d: write_adapters(d, actor_state["adapters"], self.cfg.actor.model))
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
+        self.saved_step = self.step
         return path
 
-    def resume(self, resume_dir: str) -> None:
+    def resume(self, resume_dir: str) -> bool:
+        """Restore a checkpoint, the rollout workers' adapters included; False when ``auto`` finds none yet."""
         # auto: a checkpoint of this experiment, among the runs beside this one (where this launcher writes)
         path = resume_point(resume_dir, self.log_dir.resolve().parent, OmegaConf.to_container(self.cfg, resolve=True))
         if path is None:
-            return
+            return False
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
+        self.check_resumable(path, ckpt["runner"])
         self.turns.actor_call("load_state_dict", ckpt["actor"][0])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]
         self.nonfinite_in_a_row = ckpt["runner"]["nonfinite_in_a_row"]
         self.reward_failures_in_a_row = ckpt["runner"].get("reward_failures_in_a_row", 0)
+        self.saved_step = self.step
         ahead = ckpt["runner"].get("ahead")
         if ahead is not None:
             self.rollout.call("sync_weights", ahead["adapters"])
             self.rollout_adapters = ahead["adapters"]
             self.start_rollout_ahead(ahead["rows"], ahead["step"])
             self.ahead.future.exception()
+        if (held := ckpt["runner"].get("rollout_adapters")) is not None:  # a sync the uninterrupted run had not made
+            self.rollout.call("sync_weights", held)
+            self.rollout_adapters, self.synced_step = held, ckpt["runner"]["synced_step"]
+        else:
+            self.sync_weights()
         tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
+        return True
 
-    def close(self) -> None:
+    def check_resumable(self, path: Path, state: dict[str, Any]) -> None:
+        """Refuse (one line) a resume that cannot go on as the saved run would have: another LR schedule length
+        (``runner.max_steps`` sets it) or another number of rollout ranks (rollout noise is drawn per rank), unless
+        ``runner.resume_allow_changes`` accepts the key (or is true)."""
+        allow = self.cfg.runner.resume_allow_changes
+        allowed = (lambda key: True) if allow is True else (lambda key: key in (allow or []))
+        saved_length, scheduler = state.get("lr_schedule_steps"), self.cfg.actor.optim.lr_scheduler
+        if (saved_length not in (None, self.lr_schedule_steps) and scheduler not in LENGTH_FREE_SCHEDULES
+                and not allowed("runner.max_steps")):
+            raise CheckpointError(
+                f"checkpoint {path} was trained on a {scheduler} LR schedule {saved_length} optimizer steps long; "
+                f"this recipe's run length makes it {self.lr_schedule_steps}, which changes every learning rate from "
+                f"here on; resume with the checkpoint's runner.max_steps (or max_epochs), a constant "
+                f"actor.optim.lr_scheduler, or runner.resume_allow_changes=[runner.max_steps]")
+        saved_ranks = state.get("rollout_world_size")
+        if saved_ranks not in (None, self.rollout.world_size) and not allowed("cluster.component_placement"):
+            raise CheckpointError(
+                f"checkpoint {path} was rolled out by {saved_ranks} rollout rank(s), this placement has "
+                f"{self.rollout.world_size}: rollout noise is drawn per rollout rank, so the run would not go on as "
+                f"it would have; place {saved_ranks} rollout rank(s) (cluster.component_placement), or accept "
+                f"another continuation with runner.resume_allow_changes=[cluster.component_placement]")
+
+    def abandon(self) -> None:
+        """Stop the driver's own threads and progress bar (the workers are the cluster's to stop)."""
         if self.progress is not None:  # also after a failed step, so the bar is not redrawn after the error
             self.progress.close()
         self._ahead_pool.shutdown(wait=True, cancel_futures=True)
-        self.env.call("close")
-        self.run_logger.close()
+
+    def close(self, status: str = FINISHED) -> None:
+        """Close the env workers, then the trackers with the run's ``status`` (finished, failed, preempted): always,
+        and last. After a failure an env worker that cannot close (often the failure itself) is only a warning, so
+        that the run's own error is the one that propagates."""
+        try:
+            self.abandon()
+            self.env.call("close")
+        except Exception as err:
+            if status == FINISHED:
+                raise
+            logger.warning("the env workers did not close after the run %s: %s", status, getattr(err, "summary", err))
+        finally:
+            self.run_logger.close(status)
 
 
 @dataclass
@@ -382,23 +448,25 @@ class RolloutAhead:
 
 
 def run(cfg: DictConfig, log_dir: Path) -> None:
-    """Start the workers on the recipe's cluster, train, and always release the workers."""
+    """Start the workers on the recipe's cluster, train (restarting them after a curable failure, stopping with a
+    checkpoint on SIGTERM/SIGINT: :mod:`rlrunner.supervisor`), and always release the workers."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    random.seed(cfg.runner.seed)
-    np.random.seed(cfg.runner.seed % 2**32)
-    torch.manual_seed(cfg.runner.seed)
     # in-process workers compute with as many threads as a Ray worker of cpus_per_worker CPUs would (Ray sets
     # OMP_NUM_THREADS so), which keeps the two backends' numbers identical under the same seed
     threads = torch.get_num_threads()
     if cfg.cluster.backend == "local":
         torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_worker)))
     try:
-        with create_cluster(cfg.cluster) as cluster:
+        with create_cluster(cfg.cluster) as cluster, StopSignals(cfg.runner.save_on_signal) as stop:
             check_placement(cfg, cluster.placement)  # again: a joined Ray cluster's devices may differ from ours
-            runner = Runner(cfg, log_dir, cluster)
-            try:
-                runner.fit()
-            finally:
-                runner.close()
+
+            def start(resume_dir: str, run_logger: RunLogger | None) -> Runner:
+                random.seed(cfg.runner.seed)  # a restart from step 0 draws what the first start drew
+                np.random.seed(cfg.runner.seed % 2**32)
+                torch.manual_seed(cfg.runner.seed)
+                return Runner(cfg, log_dir, cluster, resume_dir=resume_dir, run_logger=run_logger,
+                              stop_requested=stop)
+
+            supervise(cluster, cfg, log_dir, start, stop)
     finally:
         torch.set_num_threads(threads)

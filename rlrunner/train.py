@@ -5,7 +5,9 @@
 to ``console.log`` from inside (the terminal keeps the progress bar, the log gets plain lines). User errors print
 one line and exit with status 2; a worker that raised, died or hung ends the run with status 1 and a last line
 naming its component and rank (a node that lacks rlrunner or a recipe folder is a user error: status 2, one line
-naming the node and the fix).
+naming the node and the fix), once ``runner.max_restarts`` restarts on new workers did not help. SIGTERM or SIGINT
+(``runner.save_on_signal``) stops the run after its current step with a checkpoint: status 4; a second signal
+stops it at once: status 130.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ SHARED_ALGORITHM_KEYS = ("nft_tau", "nft_decay_type")
 EXIT_USER_ERROR = 2
 EXIT_WORKER_FAILED = 1
 EXIT_REWARD_UNAVAILABLE = 3
+EXIT_PREEMPTED = 4  # stopped by SIGTERM/SIGINT at a step boundary, with a checkpoint: relaunch with resume_dir=auto
+EXIT_INTERRUPTED = 130  # a second signal (or save_on_signal: false): stopped at once
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -107,6 +111,7 @@ def train(cfg: DictConfig, log_dir: Path) -> int:
     """Run the recipe; user errors and failed workers end in one line and an exit status."""
     from rlrunner.checkpoint import CheckpointError
     from rlrunner.cluster import NodeSetupError, PlacementError, WorkerError
+    from rlrunner.preemption import Preempted
     from rlrunner.rewards import RewardUnavailable
     from rlrunner.runner import run
 
@@ -127,9 +132,12 @@ def train(cfg: DictConfig, log_dir: Path) -> int:
         print(f"rlrunner: error: {err.summary}; all workers stopped (runner.resume_dir=auto resumes from the "
               "last complete checkpoint)", file=sys.stderr)
         return EXIT_WORKER_FAILED
+    except Preempted as err:
+        print(f"rlrunner: {err}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         print("rlrunner: interrupted; workers stopped (last complete checkpoint is kept)", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -108,3 +108,56 @@ def test_a_backend_that_is_not_installed_raises_its_install_line(tmp_path: Path,
     assert logger_backends.missing(["tensorboard", "wandb", "mlflow"]) == ["wandb"]
     with pytest.raises(ImportError, match=r"has 'wandb' but wandb is not installed; pip install wandb \(or pip"):
         RunLogger(tmp_path, LoggerConfig(logger_backends=["wandb"]))
+
+
+def test_trackers_record_how_the_run_ended(tmp_path: Path, monkeypatch):
+    """finished, failed, preempted: mlflow's FINISHED/FAILED/KILLED, swanlab's success/crashed/aborted, wandb's exit
+    code with its preempting mark."""
+    pytest.importorskip("mlflow", reason="mlflow-skinny is not installed (pip install -r requirements/loggers.txt)")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for status in ("finished", "failed", "preempted"):
+        run_logger = RunLogger(tmp_path / status, LoggerConfig(logger_backends=["mlflow"], project_name="proj"))
+        run_logger.scalars({"train/loss": 0.5}, step=1)
+        run_logger.close(status)
+        run_logger.close(status)  # a second close (a failure after the first) changes nothing
+    statuses = {}
+    for status in ("finished", "failed", "preempted"):
+        client = MlflowClient(tracking_uri=f"file:{tmp_path / status / 'mlruns'}")
+        (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+        statuses[status] = run.info.status
+    assert statuses == {"finished": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
+
+
+def test_wandb_and_swanlab_mark_a_preempted_run(tmp_path: Path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -r requirements/loggers.txt)")
+    pytest.importorskip("swanlab", reason="swanlab is not installed (pip install -r requirements/loggers.txt)")
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+    from wandb.proto import wandb_internal_pb2
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "SWANLAB_MODE": "offline"}.items():
+        monkeypatch.setenv(name, value)
+    run_logger = RunLogger(tmp_path, LoggerConfig(logger_backends=["wandb", "swanlab"], project_name="proj"))
+    run_logger.scalars({"train/loss": 0.5}, step=1)
+    run_logger.close("preempted")
+    (wandb_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    records = []
+    for data in _leveldb_records(wandb_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        records.append(record)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    assert "preempting" in kinds and [r.exit.exit_code for r in records if r.HasField("exit")] == [1]
+    (swanlab_file,) = tmp_path.glob("swanlog/run-*/run-*.swanlab")
+    reader = DataStoreReader()
+    reader.open(swanlab_file)
+    finishes = []
+    for data in reader:
+        record = Record()
+        record.ParseFromString(data)
+        if record.HasField("finish"):
+            finishes.append(record.finish.state)
+    assert [type(record.finish).DESCRIPTOR.fields_by_name["state"].enum_type.values_by_number[s].name
+            for s in finishes] == ["RUN_STATE_ABORTED"]

@@ -17,7 +17,17 @@ workers as values (Ray: object references fetched by the receiving process; in-p
     env.scatter("submit", [(handle,) for handle in pending.part(1).handles()])
 """
 
-from rlrunner.cluster.base import Cluster, Handle, PendingCall, WorkerError, WorkerGroup, WorkerLocation
+from rlrunner.cluster.base import (
+    Cluster,
+    CollectiveFailed,
+    Handle,
+    PendingCall,
+    WorkerError,
+    WorkerGroup,
+    WorkerLocation,
+    WorkerLost,
+    WorkerTimedOut,
+)
 from rlrunner.cluster.distributed import init_distributed
 from rlrunner.cluster.factory import BACKENDS, create_cluster
 from rlrunner.cluster.placement import COMPONENTS, Placement, PlacementError, format_devices, parse_placement
@@ -29,6 +39,7 @@ __all__ = [
     "BACKENDS",
     "COMPONENTS",
     "Cluster",
+    "CollectiveFailed",
     "Handle",
     "NodeSetupError",
     "PendingCall",
@@ -37,6 +48,8 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerLocation",
+    "WorkerLost",
+    "WorkerTimedOut",
     "create_cluster",
     "detect_device_type",
     "detect_devices_per_node",

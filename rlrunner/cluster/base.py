@@ -49,6 +49,19 @@ class WorkerError(RuntimeError):
         return type(self), (self.role, self.rank, self.node_ip, self.what, self.detail)
 
 
+class WorkerLost(WorkerError):
+    """A worker is gone: its process exited or was killed, its node died, or a result it needed was lost with
+    another worker. The run can go on from its last checkpoint on new workers (``runner.max_restarts``)."""
+
+
+class WorkerTimedOut(WorkerError):
+    """A worker did not answer within ``cluster.worker_timeout_s`` (hung, or stuck on a dead peer)."""
+
+
+class CollectiveFailed(WorkerError):
+    """A worker's torch.distributed collective or rendezvous failed or timed out (a peer rank is gone or hung)."""
+
+
 def last_line(text: str) -> str:
     """The last non-empty line of a traceback: the exception type and message."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
@@ -237,10 +250,22 @@ class Cluster(abc.ABC):
         if self._closed:
             return
         self._closed = True
+        self.stop_workers()
+        self._release()
+
+    def stop_workers(self) -> None:
+        """Stop every group's workers and keep the cluster: :meth:`rejoin` then makes room for new ones."""
         for group in reversed(list(self._groups)):
             group.shutdown()
         self._groups.clear()
-        self._release()
+
+    def rejoin(self, timeout_s: float) -> None:
+        """After :meth:`stop_workers`: wait (at most ``timeout_s``) until the cluster can hold the placement again
+        (a lost node back, or another in its place) and take its resources. In-process: nothing to wait for.
+
+        Raises:
+            PlacementError: the placement did not fit the cluster within ``timeout_s``.
+        """
 
     def _release(self) -> None:
         """Backend-specific clean-up after all groups are stopped."""

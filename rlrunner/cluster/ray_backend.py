@@ -24,16 +24,19 @@ from typing import Any
 
 from rlrunner.cluster.base import (
     Cluster,
+    CollectiveFailed,
     PendingCall,
     WorkerError,
     WorkerGroup,
     WorkerLocation,
+    WorkerLost,
+    WorkerTimedOut,
     last_line,
     split_parts,
 )
 from rlrunner.cluster.distributed import bind_rendezvous, worker_env
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
-from rlrunner.cluster.placement import Placement, format_devices, parse_placement
+from rlrunner.cluster.placement import Placement, PlacementError, format_devices, parse_placement
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
 from rlrunner.cluster.shipping import check_readable, job_runtime_env, setup_failure
@@ -41,10 +44,15 @@ from rlrunner.utils.device import use_ray_assigned_device
 from rlrunner.utils.threads import apply_thread_budget, thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+REJOIN_PROBE_S = 10.0  # rejoin: how long a new placement group may wait before the nodes are mapped again
 _HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
 _SPAWNS = itertools.count()  # makes the Ray actor names of this process unique
 # Ray accelerator resource -> torch device kind, for the device a worker reports
 _TORCH_KIND = {"GPU": "cuda", "NPU": "npu"}
+
+
+class _NotPlaced(RuntimeError):
+    """Ray did not place the placement group's bundles in time."""
 
 
 class _WorkerHost:
@@ -190,10 +198,14 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
     (NodeSetupError when a node lacks rlrunner or a folder, naming rank r's node ``nodes[r]``, default ``ips[r]``).
 
     Fails fast: a rank that dies is reported as soon as Ray knows, even while other ranks still run (they may
-    be blocked in a collective waiting for the dead one).
+    be blocked in a collective waiting for the dead one). The error's type says what happened, from the type of
+    Ray's exception (never its text): :class:`WorkerLost` (the process or its node died, or a result it needed
+    went with another worker), :class:`WorkerTimedOut`, :class:`CollectiveFailed` (torch.distributed raised), or
+    a plain :class:`WorkerError` (the worker's code raised).
     """
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+    from torch.distributed import DistError
 
     deadline = time.monotonic() + timeout_s
     pending = {ref: rank for rank, ref in refs}
@@ -204,7 +216,7 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
         if not ready:
             late = sorted(pending.values())
             what = f"did not finish {method!r} within {timeout_s:g} s (cluster.worker_timeout_s); ranks still running: {late}"
-            raise WorkerError(role, late[0], ips[late[0]], what)
+            raise WorkerTimedOut(role, late[0], ips[late[0]], what)
         for ref in ready:
             rank = pending.pop(ref)
             try:
@@ -213,15 +225,19 @@ def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any
                 text = _plain(str(exc))
                 if setup := setup_failure(f"{role} worker rank {rank} on {(nodes or ips)[rank]}", text, exc.cause):
                     raise setup from None
-                raise WorkerError(role, rank, ips[rank], f"raised in {method!r}: {last_line(text)}", text) from None
+                kind = (WorkerLost if isinstance(exc.cause, RayError)  # e.g. it fetched a dead worker's result
+                        else CollectiveFailed if isinstance(exc.cause, DistError) else WorkerError)
+                raise kind(role, rank, ips[rank], f"raised in {method!r}: {last_line(text)}", text) from None
             except RayActorError as exc:
                 text = _plain(str(exc))
                 if setup := setup_failure(f"{role} worker rank {rank} on {(nodes or ips)[rank]}", text):
                     raise setup from None
                 what = f"died during {method!r} (its process exited or was killed)"
-                raise WorkerError(role, rank, ips[rank], what, text) from None
-            except (RayError, GetTimeoutError) as exc:
-                raise WorkerError(role, rank, ips[rank], f"failed in {method!r}", repr(exc)) from None
+                raise WorkerLost(role, rank, ips[rank], what, text) from None
+            except GetTimeoutError as exc:
+                raise WorkerTimedOut(role, rank, ips[rank], f"did not return {method!r}'s result", repr(exc)) from None
+            except RayError as exc:  # its result was lost (object lost, owner or node died)
+                raise WorkerLost(role, rank, ips[rank], f"failed in {method!r}", repr(exc)) from None
     return [results[rank] for rank, _ in refs]
 
 
@@ -245,9 +261,11 @@ class RayCluster(Cluster):
         try:
             placement, cluster_name = self._connect(cluster_cfg, placement)
             super().__init__(placement, detect_device_type(), getattr(cluster_cfg, "worker_timeout_s", 1800.0))
+            self._cluster_name = cluster_name
             self.nodes = self._check_nodes(cluster_name)
             self._slots_used = {d: 0 for d in placement.used_devices}
-            self._pg, self._bundle_index = self._create_placement_group()
+            self._pg, self._bundle_index = self._create_placement_group(self.worker_timeout_s,
+                                                                        "cluster.worker_timeout_s")
         except BaseException:
             self._release()
             raise
@@ -286,8 +304,36 @@ class RayCluster(Cluster):
         check_placement_fits(self.placement, nodes, self.device_type, self.cpus_per_worker, cluster_name)
         return nodes
 
-    def _create_placement_group(self) -> tuple[Any, dict[int, int]]:
-        """One bundle per used device, each pinned by label to the Ray node of its recipe node."""
+    def rejoin(self, timeout_s: float) -> None:
+        """Give the placement group back, wait until the alive nodes fit the placement again (a lost node back, or
+        another in its place: recipe node ``k`` is mapped anew) and place a new one, all within ``timeout_s``.
+
+        Ray reports a lost node as alive until its health checks fail, so a group pinned to it never becomes
+        ready: it is given back after :data:`REJOIN_PROBE_S` and the nodes are mapped again.
+        """
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._pg is not None:
+                with contextlib.suppress(Exception):
+                    ray.util.remove_placement_group(self._pg)
+                self._pg = None
+            try:
+                self.nodes = self._check_nodes(self._cluster_name)
+                self._slots_used = {d: 0 for d in self.placement.used_devices}
+                probe = min(REJOIN_PROBE_S, max(deadline - time.monotonic(), 1.0))
+                self._pg, self._bundle_index = self._create_placement_group(probe, "cluster.rejoin_timeout_s")
+                return
+            except (PlacementError, _NotPlaced) as err:
+                if time.monotonic() >= deadline:
+                    raise PlacementError(f"{err} (waited {timeout_s:g} s, cluster.rejoin_timeout_s, for the "
+                                         "cluster to hold the placement again)") from None
+                time.sleep(1.0)
+
+    def _create_placement_group(self, timeout_s: float, timeout_key: str) -> tuple[Any, dict[int, int]]:
+        """One bundle per used device, each pinned by label to the Ray node of its recipe node; ``timeout_s``
+        (the recipe's ``timeout_key``) bounds the wait for Ray to place them."""
         import ray
         from ray.util.placement_group import placement_group, placement_group_table
 
@@ -298,13 +344,12 @@ class RayCluster(Cluster):
         pg = placement_group(bundles, strategy="PACK", name=f"rlrunner-{os.getpid()}-{id(self):x}",
                              bundle_label_selector=[{NODE_ID_LABEL: node_id} for node_id in node_ids])
         try:
-            ray.get(pg.ready(), timeout=self.worker_timeout_s)
+            ray.get(pg.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.util.remove_placement_group(pg)
-            raise RuntimeError(
+            raise _NotPlaced(
                 f"Ray could not place the {len(bundles)} bundles of devices {format_devices(devices)} on their "
-                f"nodes within {self.worker_timeout_s:g} s (cluster.worker_timeout_s); other jobs may hold the "
-                "resources"
+                f"nodes within {timeout_s:g} s ({timeout_key}); other jobs may hold the resources"
             ) from None
         placed = placement_group_table(pg)["bundles_to_node_id"]
         for index, (device, node_id) in enumerate(zip(devices, node_ids)):

@@ -31,6 +31,9 @@ class ClusterConfig:
     cpus_per_worker: float = 1.0
     # seconds to wait for a worker call before declaring the worker dead
     worker_timeout_s: float = 1800.0
+    # after a lost worker or node (runner.max_restarts): seconds to wait for the cluster to hold the placement again
+    # (the node back, or another in its place) before the run stops
+    rejoin_timeout_s: float = 600.0
     # collocated components move idle models to host memory between phases
     enable_offload: bool = False
 
@@ -78,6 +81,13 @@ class RunnerConfig:
     # this many steps in a row in which no training sample could be scored (OCR engine failing on every image, a
     # required reward service down) stop the run with one line saying why
     max_reward_error_steps: int = 3
+    # a lost worker or node, a worker call past cluster.worker_timeout_s or a failed collective: restart the workers
+    # and go on from the last complete checkpoint, at most this many times per run (0 = stop at the first one); the
+    # same step failing twice stops the run (README "Preemption and recovery")
+    max_restarts: int = 3
+    # SIGTERM/SIGINT: finish the current step, save a checkpoint and exit with status 4 (a second signal stops at
+    # once); false: stop at once, as any process does
+    save_on_signal: bool = True
     seed: int = 42
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

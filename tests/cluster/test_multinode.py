@@ -29,6 +29,8 @@ from rlrunner.checkpoint import complete_checkpoints
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the runner tests' recipe helpers
 from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
 
+from rlrunner.config.loader import load_recipe
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +65,7 @@ def two_nodes(tmp_path_factory):
     paths = [f"actor.model.model_path={model}", f"env.train.dataset.path={data}", f"env.eval.dataset.path={data}",
              f"runner.logger.log_path={root / 'logs'}"]
     try:
-        yield SimpleNamespace(address=cluster.address, root=root, paths=paths,
+        yield SimpleNamespace(address=cluster.address, root=root, paths=paths, cluster=cluster, worker=worker,
                               node_ids=[cluster.head_node.node_id, worker.node_id])
     finally:
         with _Alarm(STARTUP_TIMEOUT_S):
@@ -100,9 +102,10 @@ def rlrunner_actors(known: set[str] = frozenset()) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def killed_run(two_nodes):
-    """The split recipe, SIGKILLed in one actor rank's process once global_step_1 is saved."""
+    """The split recipe, SIGKILLed in one actor rank's process once global_step_1 is saved; without restarts (as
+    before runner.max_restarts), so the run stops."""
     before = set(rlrunner_actors())
-    run = training(two_nodes, "20260101-000000-multinode", *SPLIT)
+    run = training(two_nodes, "20260101-000000-multinode", *SPLIT, "runner.max_restarts=0")
     with _Alarm(RUN_TIMEOUT_S), run as (proc, log_dir, stderr):
         while not complete_checkpoints(log_dir / "checkpoints"):
             assert proc.poll() is None, f"the run ended before its first checkpoint:\n{stderr.read_text()}"
@@ -167,3 +170,41 @@ def test_a_device_the_cluster_lacks_fails_before_any_model_loads(two_nodes):
         f"rlrunner: error: cluster.component_placement: env asks for device 2 (node 2, its device 0), but the Ray "
         f"cluster at {two_nodes.address} has 2 nodes with CPU devices (node 0 = ")
     assert not rlrunner_actors(before)  # no worker was started, so no model was loaded
+
+
+def test_a_lost_node_costs_a_restart_and_no_bit_of_the_adapters(two_nodes):
+    """Recipe node 1 (rollout and env) goes away once global_step_1 is saved and a new node takes its place: the run
+    waits for it (cluster.rejoin_timeout_s), restarts there and ends with the adapters of an uninterrupted run.
+    Runs last: it replaces the module's worker node."""
+    import torch
+
+    from rlrunner.runner import run
+
+    one_actor = [*[o for o in SPLIT if not o.startswith(("cluster.component_placement", "runner.max_steps"))],
+                 "cluster.component_placement={actor: 0, rollout: 2, env: 3}", "runner.max_steps=2"]
+    reference = two_nodes.root / "logs" / "20260101-000003-reference"
+    reference.mkdir(parents=True)
+    in_process = [o for o in one_actor if not o.startswith("cluster.")]
+    run(load_recipe("tiny_nft_ocr", [*SMALL_OVERRIDES, *two_nodes.paths, *in_process]), reference)
+    lost = training(two_nodes, "20260101-000004-lostnode", *one_actor, "cluster.rejoin_timeout_s=120")
+    with _Alarm(RUN_TIMEOUT_S), lost as (proc, log_dir, stderr_file):
+        while not complete_checkpoints(log_dir / "checkpoints"):
+            assert proc.poll() is None, f"the run ended before its first checkpoint:\n{stderr_file.read_text()}"
+            time.sleep(0.05)
+        two_nodes.cluster.remove_node(two_nodes.worker)
+        time.sleep(2.0)  # the run notices, tears down and waits for a node 1
+        two_nodes.worker = two_nodes.cluster.add_node(num_cpus=2)
+        proc.wait(timeout=RUN_TIMEOUT_S - 30)
+    stderr = stderr_file.read_text()
+    assert proc.returncode == 0, stderr
+    (restart,) = [json.loads(line) for line in (log_dir / "restarts.jsonl").read_text().splitlines()]
+    assert restart["cause"] == "worker_lost" and restart["step_resumed_from"] == 1, restart
+    assert restart["worker"].startswith(("rollout worker rank 0", "env worker rank 0")), restart
+    assert "rlrunner: restart 1/3: " in stderr
+    report = {e["component"]: e["node_id"] for e in json.loads((log_dir / "placement.json").read_text())}
+    assert report["rollout"] == report["env"] == two_nodes.worker.node_id  # the new node is recipe node 1
+    ours, theirs = (torch.load(d / "checkpoints/global_step_2/actor/rank_0.pt", weights_only=False)["adapters"]
+                    for d in (log_dir, reference))
+    for adapter in ("default", "ema"):
+        for key, tensor in theirs[adapter].items():
+            assert torch.equal(ours[adapter][key], tensor), f"{adapter} {key}"

@@ -1,0 +1,156 @@
+"""The runner's life around the steps: trackers opened only after a resume is accepted and closed last with the run's
+status, the run's own error kept, exact or refused resumes, and a SIGTERM that saves and exits with status 4."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from runner_helpers import SMALL_OVERRIDES, small_recipe, train_metrics
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rlrunner.checkpoint import CheckpointError, complete_checkpoints
+from rlrunner.runner import Runner, run
+from rlrunner.train import EXIT_PREEMPTED
+from rlrunner.workers.env import EnvWorker
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET = ["runner.val_before_train=false", "runner.val_check_interval=0", "runner.sample_log_interval=0"]
+
+
+def _run(root: Path, name: str, *overrides: str) -> Path:
+    log_dir = root / "logs" / name
+    log_dir.mkdir(parents=True)
+    run(small_recipe(root, *QUIET, *overrides), log_dir)
+    return log_dir
+
+
+def _adapters(checkpoint: Path) -> dict[str, dict[str, torch.Tensor]]:
+    return torch.load(checkpoint / "actor" / "rank_0.pt", weights_only=False)["adapters"]
+
+
+def _assert_same_adapters(a: Path, b: Path) -> None:
+    ours, theirs = _adapters(a), _adapters(b)
+    for adapter in ("default", "ema"):
+        for key, tensor in theirs[adapter].items():
+            assert torch.equal(ours[adapter][key], tensor), f"{adapter} {key}"
+
+
+def test_a_failed_run_raises_its_own_error_and_still_closes_its_trackers(tmp_path, monkeypatch):
+    """The step fails, then the env workers' close fails too: the step's error propagates, TensorBoard holds the
+    steps before it, and mlflow records the run as FAILED."""
+    mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny is not installed")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    original = Runner.train_step
+
+    def fails_in_step_2(self):
+        if self.step == 1:
+            raise RuntimeError("the step's own error")
+        return original(self)
+
+    def close(self):
+        raise ConnectionError("reward service gone")
+
+    monkeypatch.setattr(Runner, "train_step", fails_in_step_2)
+    monkeypatch.setattr(EnvWorker, "close", close)
+    with pytest.raises(RuntimeError, match="^the step's own error$"):
+        _run(tmp_path, "failed", "runner.max_steps=3", "runner.logger.logger_backends=[tensorboard,mlflow]")
+    log_dir = tmp_path / "logs" / "failed"
+    events = EventAccumulator(str(log_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("env/avg")] == [1]
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"file:{log_dir / 'mlruns'}")
+    (tracked,) = client.search_runs([client.get_experiment_by_name("rlrunner").experiment_id])
+    assert tracked.info.status == "FAILED"
+
+
+@pytest.fixture(scope="module")
+def cosine_run(tmp_path_factory) -> Path:
+    """2 steps on a cosine LR schedule, a checkpoint after each."""
+    return _run(tmp_path_factory.mktemp("cosine"), "20260101-000000-cosine", "runner.max_steps=2",
+                "runner.save_interval=1", "actor.optim.lr_scheduler=cosine")
+
+
+def test_a_longer_run_on_a_length_dependent_lr_schedule_is_refused_before_any_tracker_opens(cosine_run):
+    root = cosine_run.parents[1]
+    with pytest.raises(CheckpointError, match=r"global_step_2 was trained on a cosine LR schedule 4 optimizer steps "
+                                              r"long; this recipe's run length makes it 6, which changes every "
+                                              r"learning rate from here on; resume with the checkpoint's "
+                                              r"runner.max_steps \(or max_epochs\), a constant"):
+        _run(root, "20260101-000001-longer", "runner.max_steps=3", "actor.optim.lr_scheduler=cosine",
+             "runner.resume_dir=auto")
+    refused = root / "logs" / "20260101-000001-longer"
+    assert not (refused / "tensorboard").exists() and not (refused / "metrics.jsonl").exists()
+    # accepted when asked: the schedule then has the new length
+    resumed = _run(root, "20260101-000002-longer", "runner.max_steps=3", "actor.optim.lr_scheduler=cosine",
+                   "runner.resume_dir=auto", "runner.resume_allow_changes=[runner.max_steps]")
+    assert [m["step"] for m in train_metrics(resumed)] == [3]
+
+
+def test_another_number_of_rollout_ranks_is_refused(cosine_run, tmp_path):
+    """A checkpoint rolled out by 2 rollout ranks (rollout noise is drawn per rank) cannot go on with 1."""
+    checkpoint = tmp_path / "global_step_1"
+    shutil.copytree(cosine_run / "checkpoints" / "global_step_1", checkpoint)
+    state = torch.load(checkpoint / "runner.pt", weights_only=False)
+    torch.save({**state, "rollout_world_size": 2}, checkpoint / "runner.pt")
+    with pytest.raises(CheckpointError, match=r"global_step_1 was rolled out by 2 rollout rank\(s\), this placement "
+                                              r"has 1: rollout noise is drawn per rollout rank, so the run would not "
+                                              r"go on as it would have; place 2 rollout rank\(s\)"):
+        _run(cosine_run.parents[1], "20260101-000003-ranks", "runner.max_steps=2", "actor.optim.lr_scheduler=cosine",
+             f"runner.resume_dir={checkpoint}")
+
+
+def test_resume_between_weight_syncs_rolls_out_with_the_adapters_of_the_last_sync(tmp_path):
+    """runner.weight_sync_interval=2: step 2 rolls out with step 0's adapters; a resume from step 1 must too."""
+    sync = ("runner.weight_sync_interval=2", "runner.max_steps=3", "runner.save_interval=1")
+    reference = _run(tmp_path, "20260101-000000-sync", *sync)
+    resumed = _run(tmp_path, "20260101-000001-sync", *sync,
+                   f"runner.resume_dir={reference / 'checkpoints' / 'global_step_1'}")
+    _assert_same_adapters(resumed / "checkpoints" / "global_step_3", reference / "checkpoints" / "global_step_3")
+    assert [m["env/avg"] for m in train_metrics(resumed)] == [m["env/avg"] for m in train_metrics(reference)][1:]
+
+
+@pytest.mark.slow
+def test_sigterm_mid_step_saves_a_checkpoint_exits_4_and_auto_resume_ends_like_an_uninterrupted_run(tmp_path):
+    common = [*QUIET, "runner.max_steps=4", "runner.save_interval=0"]  # saves only at the end (and on a signal)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    run(small_recipe(tmp_path, *common), reference)
+    log_dir = tmp_path / "logs" / "20260101-000000-tiny_nft_ocr"
+    paths = [f"actor.model.model_path={tmp_path / 'model'}", f"env.train.dataset.path={tmp_path / 'data'}",
+             f"env.eval.dataset.path={tmp_path / 'data'}", f"runner.logger.log_path={tmp_path / 'logs'}"]
+    command = [sys.executable, "-m", "rlrunner.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
+               *SMALL_OVERRIDES, *paths, *common]
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 300
+        while not ((log_dir / "metrics.jsonl").exists() and train_metrics(log_dir)):
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()
+            assert time.monotonic() < deadline, "no step finished in time"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # step 2 is under way
+        status = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    console = (tmp_path / "stderr").read_text()
+    assert status == EXIT_PREEMPTED == 4, console
+    (saved,) = complete_checkpoints(log_dir / "checkpoints")
+    step = int(saved.name.rsplit("_", 1)[1])
+    assert 1 <= step < 4 and [m["step"] for m in train_metrics(log_dir)] == list(range(1, step + 1))
+    assert console.strip().splitlines()[-1] == (
+        f"rlrunner: stopped by SIGTERM after step {step} (checkpoint saved to {saved}); relaunch the same command "
+        "with runner.resume_dir=auto to go on")
+    resumed = _run(tmp_path, "20260101-000001-tiny_nft_ocr", "runner.max_steps=4", "runner.save_interval=0",
+                   "runner.resume_dir=auto")
+    assert [m["step"] for m in train_metrics(resumed)] == list(range(step + 1, 5))
+    _assert_same_adapters(resumed / "checkpoints" / "global_step_4", reference / "checkpoints" / "global_step_4")
