@@ -21,6 +21,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "sd3": "rlrunner.models.sd3:SD3FlowModel",
     "wan22_ti2v_5b": "rlrunner.models.wan:WanFlowModel",
     "qwen_image": "rlrunner.models.qwen_image:QwenImageFlowModel",
+    "flux1": "rlrunner.models.flux1:Flux1FlowModel",
 }
 
 

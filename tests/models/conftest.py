@@ -119,10 +119,48 @@ def write_tiny_qwen_image(directory: str | Path) -> Path:
     return Path(directory)
 
 
+#: FLUX.1-dev's published scheduler config: shifted by exp(mu), mu from the image token count (schnell's turns the
+#: dynamic shift off: FLUX1_SCHNELL_SCHEDULER)
+FLUX1_DEV_SCHEDULER = {"use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
+                       "max_image_seq_len": 4096, "shift": 3.0}
+FLUX1_SCHNELL_SCHEDULER = {"use_dynamic_shifting": False, "base_shift": 0.5, "max_shift": 1.15,
+                           "base_image_seq_len": 256, "max_image_seq_len": 4096, "shift": 1.0}
+
+
+def write_tiny_flux1(directory: str | Path, guidance_embeds: bool = True,
+                     scheduler: dict[str, Any] | None = None) -> Path:
+    """FluxPipeline: FluxTransformer2DModel (1 double + 1 single block), AutoencoderKL (2x down), CLIP + T5; FLUX.1-dev
+    layout by default, schnell's with ``guidance_embeds=False, scheduler=FLUX1_SCHNELL_SCHEDULER``."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                         attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
+                                         pooled_projection_dim=16, guidance_embeds=guidance_embeds,
+                                         axes_dims_rope=(4, 2, 2))
+    clip_cfg = CLIPTextConfig(bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=16, intermediate_size=37,
+                              num_attention_heads=2, num_hidden_layers=1, vocab_size=80, projection_dim=16,
+                              max_position_embeddings=16, hidden_act="gelu")
+    vae = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(4, 8), layers_per_block=1,
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+                        shift_factor=0.1159, scaling_factor=0.3611, sample_size=16)
+    pipe = FluxPipeline(
+        transformer=transformer, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(**(scheduler or FLUX1_DEV_SCHEDULER)),
+        text_encoder=CLIPTextModel(clip_cfg), tokenizer=clip_tokenizer(16),
+        text_encoder_2=_t5_encoder(80), tokenizer_2=t5_tokenizer(),
+    )
+    pipe.save_pretrained(directory)
+    return Path(directory)
+
+
 TINY_WRITERS: dict[str, Callable[[str | Path], Path]] = {
     "sd3": write_tiny_sd3,
     "wan22_ti2v_5b": write_tiny_wan,
     "qwen_image": write_tiny_qwen_image,
+    "flux1": write_tiny_flux1,
 }
 
 #: per-family settings that fit the tiny components (pixel sizes map to 8x8 / 2x2x2 / 8x8 latents); the schedule is
@@ -131,6 +169,7 @@ TINY_FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
     "sd3": {"resolution": 16, "max_sequence_length": 8},
     "wan22_ti2v_5b": {"resolution": 32, "num_frames": 5, "max_sequence_length": 8},
     "qwen_image": {"resolution": 32, "max_sequence_length": 256},
+    "flux1": {"resolution": 16, "max_sequence_length": 8},
 }
 
 

@@ -21,7 +21,7 @@ from rlrunner.batch import Batch
 from rlrunner.cluster.distributed import find_free_port
 from rlrunner.cluster.parallelize import optimizer_step_shards
 
-FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image"]
+FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image", "flux1"]
 PROMPTS = ['a sign that says "open"', "a cat", 'the word "rl"', "a dog"]
 SAMPLES, STEPS = 8, 2
 
