@@ -139,7 +139,9 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
                                          int(family_cfg.lora_alpha), family.lora_exclude_modules(denoiser)),
         shapes=shapes,
         hidden_size=heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else None,
-        num_layers=config.get("num_layers") if denoiser_name == "transformer" else None,
+        # FLUX-style transformers count their single-stream blocks apart (num_single_layers)
+        num_layers=config.get("num_layers", 0) + config.get("num_single_layers", 0) if denoiser_name == "transformer"
+        else None,
     )
 
 
@@ -172,10 +174,12 @@ def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
     prompts = cfg.env.train.total_num_envs // cfg.algorithm.group_size * cfg.env.train.rollout_epoch
     rounds = 2 if cfg.runner.async_reward and prompts % (2 * rollout_workers) == 0 else 1
     family = cfg.actor.model[cfg.actor.model.model_type]
+    # rollouts run the denoiser twice per step only for cfg (embedded guidance is a model input, one pass)
+    two_pass = family.guidance_scale > 1 and model_class(cfg.actor.model.model_type).resolved_guidance(family) == "cfg"
     return StepGeometry(
         samples=cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch, group_size=cfg.algorithm.group_size,
         rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_rounds=rounds,
-        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if family.guidance_scale > 1 else 1,
+        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if two_pass else 1,
         num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
         kept_latents=build_objective(cfg.algorithm, family).kept_latents_per_sample(),
     )

@@ -9,6 +9,7 @@ the same ``from_pretrained`` code as for a hub id. Tests use the fixtures (``tin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,25 +120,28 @@ def write_tiny_qwen_image(directory: str | Path) -> Path:
     return Path(directory)
 
 
-#: FLUX.1-dev's published scheduler config: shifted by exp(mu), mu from the image token count (schnell's turns the
-#: dynamic shift off: FLUX1_SCHNELL_SCHEDULER)
-FLUX1_DEV_SCHEDULER = {"use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
-                       "max_image_seq_len": 4096, "shift": 3.0}
+#: FLUX.1-dev's published scheduler config (shifted by exp(mu), mu from the image token count), kept with its other
+#: configs under bench/model_configs/; schnell's turns the dynamic shift off
+FLUX1_DEV_SCHEDULER = Path(__file__).resolve().parents[2] / "bench/model_configs/flux.1-dev/scheduler/scheduler_config.json"
 FLUX1_SCHNELL_SCHEDULER = {"use_dynamic_shifting": False, "base_shift": 0.5, "max_shift": 1.15,
                            "base_image_seq_len": 256, "max_image_seq_len": 4096, "shift": 1.0}
 
 
-def write_tiny_flux1(directory: str | Path, guidance_embeds: bool = True,
-                     scheduler: dict[str, Any] | None = None) -> Path:
+def write_tiny_flux1(directory: str | Path, schnell: bool = False) -> Path:
     """FluxPipeline: FluxTransformer2DModel (1 double + 1 single block), AutoencoderKL (2x down), CLIP + T5; FLUX.1-dev
-    layout by default, schnell's with ``guidance_embeds=False, scheduler=FLUX1_SCHNELL_SCHEDULER``."""
+    layout (guidance embedding, its scheduler), or schnell's (neither)."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel
+
+    if schnell:
+        scheduler = FlowMatchEulerDiscreteScheduler(**FLUX1_SCHNELL_SCHEDULER)
+    else:
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(json.loads(FLUX1_DEV_SCHEDULER.read_text()))
 
     torch.manual_seed(0)
     transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
                                          attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
-                                         pooled_projection_dim=16, guidance_embeds=guidance_embeds,
+                                         pooled_projection_dim=16, guidance_embeds=not schnell,
                                          axes_dims_rope=(4, 2, 2))
     clip_cfg = CLIPTextConfig(bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=16, intermediate_size=37,
                               num_attention_heads=2, num_hidden_layers=1, vocab_size=80, projection_dim=16,
@@ -147,8 +151,7 @@ def write_tiny_flux1(directory: str | Path, guidance_embeds: bool = True,
                         latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
                         shift_factor=0.1159, scaling_factor=0.3611, sample_size=16)
     pipe = FluxPipeline(
-        transformer=transformer, vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(**(scheduler or FLUX1_DEV_SCHEDULER)),
+        transformer=transformer, vae=vae, scheduler=scheduler,
         text_encoder=CLIPTextModel(clip_cfg), tokenizer=clip_tokenizer(16),
         text_encoder_2=_t5_encoder(80), tokenizer_2=t5_tokenizer(),
     )
@@ -196,6 +199,12 @@ def tiny_dirs(tmp_path_factory) -> Callable[[str], Path]:
         return cache[model_type]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_flux1_schnell_dir(tmp_path_factory) -> Path:
+    """A tiny FLUX.1-schnell layout (no guidance embedding, the dynamic shift off), written once per session."""
+    return write_tiny_flux1(tmp_path_factory.mktemp("flux1_schnell"), schnell=True)
 
 
 @pytest.fixture

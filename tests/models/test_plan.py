@@ -30,8 +30,9 @@ from rlrunner.sizing.memory import (
 )
 from rlrunner.sizing.meta import CONFIG_FILE, MODEL_INDEX
 
-FAMILIES = ("sd3", "wan22_ti2v_5b", "qwen_image")
-RECIPES = {"sd3": "sd3_nft_ocr", "wan22_ti2v_5b": "wan22_ti2v_5b_nft_ocr", "qwen_image": "qwen_image_nft_ocr"}
+FAMILIES = ("sd3", "wan22_ti2v_5b", "qwen_image", "flux1")
+RECIPES = {"sd3": "sd3_nft_ocr", "wan22_ti2v_5b": "wan22_ti2v_5b_nft_ocr", "qwen_image": "qwen_image_nft_ocr",
+           "flux1": "flux1_dev_nft_ocr"}
 TINY_FOLDER = Path("examples/diffusion/models/tiny-ocr-flow")
 
 
