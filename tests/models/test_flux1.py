@@ -4,7 +4,10 @@ model_type auto for dev and schnell folders, and the one-line refusals before an
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from omegaconf import OmegaConf
 
 from rlrunner.config.loader import RecipeError, load_recipe
 from rlrunner.config.schema import FamilyConfig
-from rlrunner.models import EMA_ADAPTER, detect_model_type
+from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, detect_model_type
 from rlrunner.models.flux1 import Flux1FlowModel
 from rlrunner.models.schedules import token_shift_mu
 
@@ -89,6 +92,36 @@ def test_true_cfg_rollout_equals_the_pipeline(load_tiny, tiny_flux1_schnell_dir)
     theirs = pipeline_sample(model, cond, noise, num_steps=2, guidance_scale=4.0)
     torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(ours, model.sample(cond, noise, sampler="euler", num_steps=2))
+
+
+def test_saved_adapter_loads_into_flux_pipeline_without_unexpected_or_missing_keys(load_tiny, tmp_path):
+    """diffusers' FluxPipeline.load_lora_weights takes every tensor of our file (its logger and peft's warnings would
+    name unexpected or missing keys) and the pipeline's output moves with it."""
+    from diffusers.utils import logging as diffusers_logging
+
+    model = load_tiny("flux1")
+    with torch.no_grad():
+        for p in model.adapter_parameters(TRAINED_ADAPTER):
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    model.save_lora(str(tmp_path / "lora"))
+    plain = load_tiny("flux1", use_lora=False)
+    cond = plain.encode_prompts(PROMPTS)
+    noise = make_noise(plain, 2, torch.Generator().manual_seed(6))
+    before = pipeline_sample(plain, cond, noise, num_steps=2, adapter=None)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = diffusers_logging.get_logger("diffusers")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plain.pipe.load_lora_weights(str(tmp_path / "lora"))
+    finally:
+        logger.removeHandler(handler)
+    messages = [r.getMessage() for r in records] + [str(w.message) for w in caught]
+    assert not [m for m in messages if re.search(r"(unexpected|missing) keys?", m, re.IGNORECASE)], messages
+    assert not torch.allclose(pipeline_sample(plain, cond, noise, num_steps=2, adapter=None), before)
 
 
 def test_model_type_auto_picks_flux1_for_dev_and_schnell_folders(tiny_dirs, tiny_flux1_schnell_dir):
