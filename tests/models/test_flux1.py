@@ -15,11 +15,13 @@ import torch
 from family_helpers import make_noise, pipeline_sample
 from omegaconf import OmegaConf
 
+from rlrunner.cluster.parallelize import Engine
 from rlrunner.config.loader import RecipeError, load_recipe
-from rlrunner.config.schema import FamilyConfig
+from rlrunner.config.schema import AlgorithmConfig, FamilyConfig
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, detect_model_type
 from rlrunner.models.flux1 import Flux1FlowModel
 from rlrunner.models.schedules import token_shift_mu
+from rlrunner.objectives import MicroBatch, build_objective
 
 ROOT = Path(__file__).resolve().parents[2]
 FLUX1_DEV = ROOT / "bench" / "model_configs" / "flux.1-dev"  # the published configs, scheduler included
@@ -122,6 +124,24 @@ def test_saved_adapter_loads_into_flux_pipeline_without_unexpected_or_missing_ke
     messages = [r.getMessage() for r in records] + [str(w.message) for w in caught]
     assert not [m for m in messages if re.search(r"(unexpected|missing) keys?", m, re.IGNORECASE)], messages
     assert not torch.allclose(pipeline_sample(plain, cond, noise, num_steps=2, adapter=None), before)
+
+
+def test_flow_grpo_rollout_and_loss_see_the_same_embedded_guidance(load_tiny):
+    """FlowGRPO's first pass recomputes the rollout's log-probabilities (ratio 1) on FLUX.1-dev at guidance 3.5: the
+    SDE rollout and the loss's velocity both feed the recipe's scale to the transformer."""
+    model = load_tiny("flux1", train_sampler="euler", guidance_scale=3.5)
+    with torch.no_grad():
+        for p in model.adapter_parameters(TRAINED_ADAPTER):
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    alg = OmegaConf.structured(AlgorithmConfig(name="flow_grpo", flow_grpo_timestep_fraction=0.5))
+    objective = build_objective(alg, model.cfg)
+    cond = model.encode_prompts(PROMPTS)
+    noise = make_noise(model, 2, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        x0, kept = objective.rollout(model, cond, noise, torch.Generator().manual_seed(3))
+    micro = MicroBatch({"x0": x0, "advantages": torch.tensor([1.0, -1.0]), **kept}, cond, [], 0)
+    _, metrics = objective.loss(model, Engine(model), micro)
+    assert metrics["approx_kl"] < 1e-10 and metrics["clip_frac"] == 0.0
 
 
 def test_model_type_auto_picks_flux1_for_dev_and_schnell_folders(tiny_dirs, tiny_flux1_schnell_dir):
