@@ -35,12 +35,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))  # tests/family_helpers.py: the in-memory tokenizers
 CONFIGS = ROOT / "bench" / "model_configs"
 #: family -> config-only folder of the published checkpoint under bench/model_configs/
-SOURCES = {"sd3": "stable-diffusion-3.5-medium", "wan22_ti2v_5b": "wan2.2-ti2v-5b", "qwen_image": "qwen-image"}
+SOURCES = {"sd3": "stable-diffusion-3.5-medium", "wan22_ti2v_5b": "wan2.2-ti2v-5b", "qwen_image": "qwen-image",
+           "flux1": "flux.1-dev"}
 #: scheduler of each pipeline class as the published folders configure it (rlrunner samples on its own grid)
 SCHEDULERS: dict[str, dict[str, Any]] = {
     "StableDiffusion3Pipeline": {"shift": 3.0},
     "WanPipeline": {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 5.0},
     "QwenImagePipeline": {},
+    "FluxPipeline": {key: value for key, value in json.loads(
+        (CONFIGS / "flux.1-dev" / "scheduler" / "scheduler_config.json").read_text()).items() if key[0] != "_"},
 }
 #: text encoder config keys that count layers (CLIP, T5/UMT5, Qwen2.5-VL text / vision towers)
 LAYER_KEYS = ("num_hidden_layers", "num_layers", "depth")

@@ -27,10 +27,12 @@ sys.path.insert(1, str(ROOT / "tests"))  # tests/family_helpers.py: noise, promp
 
 from family_helpers import encode_prompt_batch, make_noise, pipeline_sample
 
-from rlrunner.models import EMA_ADAPTER, model_class
+from rlrunner.models import EMA_ADAPTER, MODEL_FAMILIES, model_class
 from rlrunner.utils.device import resolve_device, resolve_dtype
 
 TARGET = 1.05
+#: the diffusers families (tiny is rlrunner's own model: no pipeline to compare with)
+FAMILIES = [family for family in MODEL_FAMILIES if family != "tiny"]
 
 
 def _tiny_writers():
@@ -110,7 +112,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    families = list(_tiny_writers().TINY_WRITERS) if args.family == "all" else [args.family]
+    families = FAMILIES if args.family == "all" else [args.family]
     if args.model_path and len(families) > 1:
         parser.error("--model-path needs --family")
     with tempfile.TemporaryDirectory() as workdir:

@@ -110,7 +110,7 @@ def _qwen_image_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale
             **_negative(negative, negative_prompt_embeds="prompt_embeds", negative_prompt_embeds_mask="prompt_mask")}
 
 
-def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
+def _unpack_2x2_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
     from rlrunner.models.qwen_image import unpack_latents
 
     _, h, w = model.latent_shape
@@ -146,15 +146,28 @@ def _flux2_klein_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
     return (patchify(latents) - mean) / std
 
 
+def _flux1_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: float,
+                negative: Cond | None) -> dict[str, Any]:
+    """FLUX.1: the scale goes to ``guidance_scale`` (embedded) or ``true_cfg_scale`` with the negative (cfg)."""
+    from rlrunner.models.qwen_image import pack_latents
+
+    scale = {"guidance_scale": guidance_scale} if model.guidance == "embedded" else {"true_cfg_scale": guidance_scale}
+    return {"prompt_embeds": cond["prompt_embeds"], "pooled_prompt_embeds": cond["pooled_prompt_embeds"],
+            "latents": pack_latents(noise), "height": model.height, "width": model.width, **scale,
+            **_negative(negative, negative_prompt_embeds="prompt_embeds",
+                        negative_pooled_prompt_embeds="pooled_prompt_embeds")}
+
+
 #: per family: the ``pipe(...)`` arguments that reproduce ``sample(cond, noise, guidance_scale=g)`` (negative:
 #: ``model.negative_cond``, None without guidance), and how to read the pipeline's output latents back into
 #: ``[B, *latent_shape]``
 PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, torch.Tensor], torch.Tensor]]] = {
     "sd3": (_sd3_call, lambda model, latents: latents),
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
-    "qwen_image": (_qwen_image_call, _qwen_image_latents),
+    "qwen_image": (_qwen_image_call, _unpack_2x2_latents),
     "zimage": (_zimage_call, lambda model, latents: latents),
     "flux2_klein": (_flux2_klein_call, _flux2_klein_latents),
+    "flux1": (_flux1_call, _unpack_2x2_latents),
 }
 
 

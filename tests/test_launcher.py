@@ -49,7 +49,8 @@ def test_unknown_recipe_lists_available_ones(tmp_path):
     result = launch("no_such_recipe", log_root=tmp_path)
     assert result.returncode == 2
     assert "no recipe named 'no_such_recipe'" in result.stderr
-    assert "/config. Available recipes: qwen_image_nft_ocr, " in result.stderr
+    assert "/config. Available recipes: flux1_dev_nft_ocr, " in result.stderr  # sorted
+    assert "qwen_image_nft_ocr, " in result.stderr
     assert "tiny_nft_ocr" in result.stderr
     assert "Traceback" not in result.stderr
     assert not any(tmp_path.glob("*-no_such_recipe"))

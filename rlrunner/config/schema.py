@@ -311,6 +311,11 @@ class ModelConfig:
     flux2_klein: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(resolution=1024, lora_rank=32, lora_alpha=64, max_sequence_length=512)
     )
+    # FLUX.1-dev as flow_grpo trains it: 512 px, embedded guidance 3.5, LoRA 64/128, T5 512 tokens (the pipeline's)
+    flux1: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=512, guidance_scale=3.5, eval_guidance_scale=3.5,
+                                             lora_rank=64, lora_alpha=128, max_sequence_length=512)
+    )
 
 
 @dataclass

@@ -23,6 +23,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "qwen_image": "rlrunner.models.qwen_image:QwenImageFlowModel",
     "zimage": "rlrunner.models.zimage:ZImageFlowModel",
     "flux2_klein": "rlrunner.models.flux2_klein:Flux2KleinFlowModel",
+    "flux1": "rlrunner.models.flux1:Flux1FlowModel",
 }
 
 

@@ -64,6 +64,17 @@ def to_uint8(pixels: torch.Tensor) -> np.ndarray:
     return (pixels.movedim(1, -1) * 255).round().to(torch.uint8).cpu().numpy()
 
 
+def decode_scaled_latents(vae: nn.Module, latents: torch.Tensor, device: torch.device, batch_size: int) -> np.ndarray:
+    """``[B, C, h, w]`` latents of an ``AutoencoderKL`` family (SD3, FLUX.1) -> uint8 ``[B, H, W, 3]``: decoded as
+    ``vae.decode(latents / scaling_factor + shift_factor)`` in float32, ``batch_size`` images per call."""
+    scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
+    images = []
+    for part in latents.split(batch_size):
+        z = part.to(device, torch.float32) / scale + shift
+        images.append(to_uint8(vae.decode(z, return_dict=False)[0]))
+    return np.concatenate(images)
+
+
 # --------------------------------------------------------------------------------------------------- interface
 class FlowModel(abc.ABC):
     """Base class of the model families.

@@ -17,8 +17,8 @@ from rlrunner.models.base import (
     Cond,
     FlowModel,
     check_divisible,
+    decode_scaled_latents,
     resolution_hw,
-    to_uint8,
 )
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
@@ -101,10 +101,5 @@ class SD3FlowModel(FlowModel):
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """latents ``[B, C, h, w]`` -> uint8 ``[B, H, W, 3]``, decoded in float32."""
-        images = []
         with self.vae_on_device() as vae:
-            scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
-            for part in latents.split(self.decode_batch_size):
-                z = part.to(self.device, torch.float32) / scale + shift
-                images.append(to_uint8(vae.decode(z, return_dict=False)[0]))
-        return np.concatenate(images)
+            return decode_scaled_latents(vae, latents, self.device, self.decode_batch_size)

@@ -177,10 +177,12 @@ def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
     prompts = cfg.env.train.total_num_envs // cfg.algorithm.group_size * cfg.env.train.rollout_epoch
     rounds = 2 if cfg.runner.async_reward and prompts % (2 * rollout_workers) == 0 else 1
     family = cfg.actor.model[cfg.actor.model.model_type]
+    # rollouts run the denoiser twice per step only for cfg (embedded guidance is a model input, one pass)
+    two_pass = family.guidance_scale > 1 and model_class(cfg.actor.model.model_type).resolved_guidance(family) == "cfg"
     return StepGeometry(
         samples=cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch, group_size=cfg.algorithm.group_size,
         rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_rounds=rounds,
-        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if family.guidance_scale > 1 else 1,
+        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if two_pass else 1,
         num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
         kept_latents=build_objective(cfg.algorithm, family).kept_latents_per_sample(),
     )

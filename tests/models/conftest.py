@@ -9,6 +9,7 @@ the same ``from_pretrained`` code as for a hub id. Tests use the fixtures (``tin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -181,12 +182,52 @@ def write_tiny_flux2_klein(directory: str | Path, is_distilled: bool = False) ->
     return Path(directory)
 
 
+#: FLUX.1-dev's published scheduler config (shifted by exp(mu), mu from the image token count), kept with its other
+#: configs under bench/model_configs/; schnell's turns the dynamic shift off
+FLUX1_DEV_SCHEDULER = Path(__file__).resolve().parents[2] / "bench/model_configs/flux.1-dev/scheduler/scheduler_config.json"
+FLUX1_SCHNELL_SCHEDULER = {"use_dynamic_shifting": False, "base_shift": 0.5, "max_shift": 1.15,
+                           "base_image_seq_len": 256, "max_image_seq_len": 4096, "shift": 1.0}
+
+
+def write_tiny_flux1(directory: str | Path, schnell: bool = False) -> Path:
+    """FluxPipeline: FluxTransformer2DModel (1 double + 1 single block), AutoencoderKL (2x down), CLIP + T5; FLUX.1-dev
+    layout (guidance embedding, its scheduler), or schnell's (neither)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    if schnell:
+        scheduler = FlowMatchEulerDiscreteScheduler(**FLUX1_SCHNELL_SCHEDULER)
+    else:
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(json.loads(FLUX1_DEV_SCHEDULER.read_text()))
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                         attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
+                                         pooled_projection_dim=16, guidance_embeds=not schnell,
+                                         axes_dims_rope=(4, 2, 2))
+    clip_cfg = CLIPTextConfig(bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=16, intermediate_size=37,
+                              num_attention_heads=2, num_hidden_layers=1, vocab_size=80, projection_dim=16,
+                              max_position_embeddings=16, hidden_act="gelu")
+    vae = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(4, 8), layers_per_block=1,
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+                        shift_factor=0.1159, scaling_factor=0.3611, sample_size=16)
+    pipe = FluxPipeline(
+        transformer=transformer, vae=vae, scheduler=scheduler,
+        text_encoder=CLIPTextModel(clip_cfg), tokenizer=clip_tokenizer(16),
+        text_encoder_2=_t5_encoder(80), tokenizer_2=t5_tokenizer(),
+    )
+    pipe.save_pretrained(directory)
+    return Path(directory)
+
+
 TINY_WRITERS: dict[str, Callable[[str | Path], Path]] = {
     "sd3": write_tiny_sd3,
     "wan22_ti2v_5b": write_tiny_wan,
     "qwen_image": write_tiny_qwen_image,
     "zimage": write_tiny_zimage,
     "flux2_klein": write_tiny_flux2_klein,
+    "flux1": write_tiny_flux1,
 }
 
 #: per-family settings that fit the tiny components (pixel sizes map to 8x8 / 2x2x2 / 8x8 latents); the schedule is
@@ -197,6 +238,7 @@ TINY_FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
     "qwen_image": {"resolution": 32, "max_sequence_length": 256},
     "zimage": {"resolution": 16, "max_sequence_length": 64},
     "flux2_klein": {"resolution": 32, "max_sequence_length": 64},
+    "flux1": {"resolution": 16, "max_sequence_length": 8},
 }
 
 
@@ -223,6 +265,12 @@ def tiny_dirs(tmp_path_factory) -> Callable[[str], Path]:
         return cache[model_type]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_flux1_schnell_dir(tmp_path_factory) -> Path:
+    """A tiny FLUX.1-schnell layout (no guidance embedding, the dynamic shift off), written once per session."""
+    return write_tiny_flux1(tmp_path_factory.mktemp("flux1_schnell"), schnell=True)
 
 
 @pytest.fixture

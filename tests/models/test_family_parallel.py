@@ -24,6 +24,7 @@ from rlrunner.cluster.parallelize import optimizer_step_shards
 FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image"]
 FAMILIES += ["zimage"]
 FAMILIES += ["flux2_klein"]
+FAMILIES += ["flux1"]
 PROMPTS = ['a sign that says "open"', "a cat", 'the word "rl"', "a dog"]
 SAMPLES, STEPS = 8, 2
 

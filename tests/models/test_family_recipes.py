@@ -124,3 +124,42 @@ def test_bad_family_inputs_fail_before_launch(model_type, tiny_dirs, tmp_path):
         _load(name, folder, f"{key}.resolution=18")
     auto = _load(name, folder, "actor.model.model_type=auto")
     assert auto.actor.model.model_type == model_type
+
+
+def test_flux1_dev_recipe():
+    """FLUX.1-dev: flow_grpo's 512 px, guidance 3.5 and LoRA 64/128 with Flow-Factory NFT's 8 ODE steps."""
+    cfg = _load("flux1_dev_nft_ocr")
+    flux = cfg.actor.model.flux1
+    assert cfg.actor.model.model_path == "black-forest-labs/FLUX.1-dev" and cfg.actor.model.model_type == "flux1"
+    assert (flux.resolution, flux.num_steps, flux.eval_num_steps, flux.max_sequence_length) == (512, 8, 28, 128)
+    assert (flux.guidance, flux.guidance_scale, flux.eval_guidance_scale, flux.shift) == ("auto", 3.5, 3.5, None)
+    assert (flux.lora_rank, flux.lora_alpha, cfg.algorithm.group_size) == (64, 128, 24)
+    assert (cfg.algorithm.nft_beta, list(cfg.algorithm.nft_tau)) == (0.1, [1.0, 0.01, 30, 70])
+    assert (cfg.actor.optim.lr, cfg.actor.optim.weight_decay, cfg.actor.strategy) == (3e-4, 1e-4, "fsdp2")
+
+
+def test_sd35_large_recipe():
+    """SD3.5-Large on the DiffusionNFT SD3.5-M OCR settings (no published SD3.5-L RL setting)."""
+    cfg = _load("sd35_large_nft_ocr")
+    sd3 = cfg.actor.model.sd3
+    assert cfg.actor.model.model_path == "stabilityai/stable-diffusion-3.5-large" and cfg.actor.model.model_type == "sd3"
+    assert (sd3.resolution, sd3.num_steps, sd3.eval_num_steps, sd3.guidance_scale) == (512, 10, 40, 1.0)
+    assert (sd3.lora_rank, sd3.lora_alpha, cfg.algorithm.group_size) == (32, 64, 24)
+    assert (cfg.actor.micro_batch_size, cfg.actor.global_batch_size, cfg.actor.optim.lr) == (9, 576, 3e-4)
+
+
+@pytest.mark.slow  # sizes the published 12B / 8B models on the meta device (peft's LoRA injection: ~10-20 s each)
+@pytest.mark.parametrize(("name", "folder", "model_type"), [
+    ("flux1_dev_nft_ocr", "flux.1-dev", "flux1"),
+    ("sd35_large_nft_ocr", "stable-diffusion-3.5-large", "sd3"),
+])
+def test_recipe_fits_eight_80gb_devices_by_the_plan(name, folder, model_type, capsys):
+    """The published configs (bench/model_configs/) at the recipe's settings fit 8 x 80 GB as placed."""
+    from rlrunner.plan import main
+
+    overrides = [f"env.{split}.dataset.path=examples/diffusion/data/tiny_ocr" for split in ("train", "eval")]
+    assert main([name, f"actor.model.model_path=bench/model_configs/{folder}", "actor.model.model_type=auto",
+                 "cluster.num_devices_per_node=8", *overrides, "--device-memory", "80"]) == 0
+    out = capsys.readouterr().out
+    assert f": {model_type} from " in out and "8 device(s)" in out
+    assert "--device-memory: fits" in out and "DOES NOT FIT" not in out

@@ -33,7 +33,7 @@ def _perturbed(model):
     return model
 
 
-@pytest.fixture(params=["tiny", "sd3", "wan22_ti2v_5b", "qwen_image"])
+@pytest.fixture(params=["tiny", "sd3", "wan22_ti2v_5b", "qwen_image", "flux1"])
 def model_and_cfg(request, load_tiny, tmp_path_factory):
     if request.param == "tiny":  # rlrunner's own family: a UNet, whose files use diffusers' older key names
         family_cfg = OmegaConf.structured(ModelConfig).tiny

@@ -14,6 +14,7 @@ from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER
 FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image"]
 FAMILIES += ["zimage"]
 FAMILIES += ["flux2_klein"]
+FAMILIES += ["flux1"]
 PROMPTS = ['a sign that says "open"', "a cat", 'the word "rl" on a wall']
 
 
@@ -192,8 +193,9 @@ def test_missing_model_path_names_the_path(load_tiny, model_type, tmp_path):
 
 
 def test_folder_of_another_family_is_rejected(load_tiny, model_type, tmp_path):
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
-    with pytest.raises(ValueError, match=f"FluxPipeline.*{model_type}"):
+    other = "StableDiffusion3Pipeline" if model_type == "flux1" else "FluxPipeline"
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": other}))
+    with pytest.raises(ValueError, match=f"{other}.*{model_type}"):
         load_tiny(model_type, path=tmp_path)
 
 

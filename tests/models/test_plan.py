@@ -34,6 +34,8 @@ FAMILIES = ("sd3", "wan22_ti2v_5b", "qwen_image")
 RECIPES = {"sd3": "sd3_nft_ocr", "wan22_ti2v_5b": "wan22_ti2v_5b_nft_ocr", "qwen_image": "qwen_image_nft_ocr"}
 FAMILIES += ("zimage", "flux2_klein")
 RECIPES |= {"zimage": "zimage_nft_ocr", "flux2_klein": "flux2_klein_nft_ocr"}
+FAMILIES += ("flux1",)
+RECIPES |= {"flux1": "flux1_dev_nft_ocr"}
 TINY_FOLDER = Path("examples/diffusion/models/tiny-ocr-flow")
 
 

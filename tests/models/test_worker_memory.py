@@ -64,7 +64,7 @@ def opened(monkeypatch) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("model_type", ["sd3", "wan22_ti2v_5b", "qwen_image", "tiny"])
+@pytest.mark.parametrize("model_type", ["sd3", "wan22_ti2v_5b", "qwen_image", "flux1", "tiny"])
 def test_the_actor_loads_only_the_denoiser_and_the_rollout_everything(model_type, tiny_model_cfg, tiny_dirs, opened,
                                                                       tmp_path):
     if model_type == "tiny":  # not a diffusers pipeline: a UNet and a character text encoder
