@@ -4,7 +4,7 @@ while the model folder stays visible (a shared model store). It is started with 
 from another folder without PYTHONPATH, and the recipe puts both actor ranks there.
 
 The real entry point then: fails with one line naming that node and the fix when told the nodes have rlrunner
-(``cluster.ship_code=false``) or given a model folder or reward file only the driver sees; with the code shipped, finishes, leaves complete checkpoints (``adapter/`` and
+(``cluster.ship_code=false``) or given a model folder only the driver sees; with the code shipped, finishes, leaves complete checkpoints (``adapter/`` and
 ``adapter_ema/`` included) on the driver's disk, exports and resumes from them, and the node's own view of the
 log root stays empty. The Ray processes started here are stopped by process group, never with ``ray stop``.
 """
@@ -185,24 +185,6 @@ def test_a_model_folder_only_the_driver_sees_fails_with_one_line_naming_the_node
     assert proc.returncode == 2, proc.stderr
     assert last.startswith("rlrunner: error: actor worker rank ") and f"ray node {cluster.node_id[:8]}" in last, last
     assert f"cannot read actor.model.model_path={str(hidden)!r}" in last and "hub id" in last, last
-
-
-def test_a_reward_file_only_the_driver_sees_fails_the_env_worker_with_the_same_one_line(cluster):
-    """An env (reward) worker's files are checked on its node like the actor's model folder, before the reward
-    reads them."""
-    token = cluster.root / "logs" / "token-on-the-driver-only"
-    token.write_text("secret\n")
-    try:
-        proc, _ = _train(cluster, "20260101-000004-token", "runner.max_steps=1",
-                         "cluster.component_placement={rollout: 0, actor: 1, env: 2}", "env.train.reward.model=remote",
-                         "env.train.reward.url=http://127.0.0.1:1", f"env.train.reward.token_file={token}")
-    finally:
-        token.unlink()
-    last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2, proc.stderr
-    assert last.startswith("rlrunner: error: env worker rank 0") and f"ray node {cluster.node_id[:8]}" in last, last
-    assert last.endswith(f"cannot read env.train.reward.token_file={str(token)!r} (the file is on the driver's disk, "
-                         "not on this node); put it in a folder every node mounts at the same path"), last
 
 
 def test_shipped_code_trains_there_and_only_the_driver_writes_files(cluster):
