@@ -1,20 +1,43 @@
-"""Checkpoints that resume a run exactly: adapters, EMA, optimizer, scheduler, RNG and sampler states.
+"""Checkpoints that resume a run exactly (adapters, EMA, optimizer, scheduler, RNG and sampler states) and that
+cannot lie: a checkpoint counts only when every byte of it reached the disk and it reads back.
 
-Layout of ``<log_dir>/checkpoints/global_step_N/``::
+Layout of ``<log_dir>/checkpoints/global_step_N/`` (format version 3)::
 
-    manifest.json                 written last; a directory without it is not a checkpoint
+    manifest.json                 written last: format version, step, UTC save time, every file's size, model info
     config.yaml                   the resolved recipe
     runner.pt                     global step, prompt-sampler states, driver RNG
-    actor/rank_0.pt               the actor's state, the same for every strategy and rank count: both adapters
-                                  (full tensors), optimizer state keyed by parameter name, LR scheduler, RNG
+    actor.pt                      the actor's state, the same for every strategy and rank count: both adapters (full
+                                  tensors), optimizer state keyed by parameter name, LR scheduler, RNG
     adapter/                      the trained adapter in diffusers' LoRA format (pipe.load_lora_weights)
     adapter_ema/                  the EMA adapter, same format
 
-Everything is written to ``global_step_N.tmp`` (by the driver alone: workers return tensors and state) and renamed
-when complete, so a crash mid-write leaves the previous checkpoint as the newest valid one. Re-saving a step (the
-last one after resuming from it) sets the old ``global_step_N`` aside as ``global_step_N.old`` before renaming the
-new one in, and deletes it after; a crash in between leaves the ``.old`` copy, which counts as step N until a
-save replaces it. A run saved with n actor ranks resumes with any number of ranks.
+Writing (by the driver alone: workers return tensors and state): everything goes to ``global_step_N.tmp``; every
+file and folder there is fsynced, then the manifest is written and fsynced, the checkpoint is read back
+(:func:`verify_checkpoint`), renamed to ``global_step_N`` and the parent folder fsynced. Only then are older
+checkpoints pruned (``keep_last_n``), and ``.tmp`` folders that earlier crashes left are deleted at the next save.
+Re-saving a step (the last one after resuming from it) sets the old ``global_step_N`` aside as ``global_step_N.old``
+before renaming the new one in, and deletes it after; a crash in between leaves the ``.old`` copy, which counts as
+step N until a save replaces it. A run saved with n actor ranks resumes with any number of ranks.
+
+Order: "newest" means last written, by the UTC time in the manifest (then the step), not the highest step. A run
+that went back to step 60 (a resume of an older checkpoint, or a recovery that skipped a broken step 100) and saves
+60 in a folder holding 100 continues from 60; ``keep_last_n`` keeps the ``n`` last written, so 100 goes first, and
+never prunes the checkpoint just written.
+
+Reading: files are unpickled with ``torch.load(weights_only=True)`` (tensors and plain values only: a checkpoint
+from someone else cannot run code), and every failure (a truncated or empty file, an empty or invalid manifest, a
+missing file, a bad safetensors file, an object that is not plain data) is a :class:`CheckpointError` naming the
+file.
+
+The API the runner uses:
+
+* :func:`save_checkpoint` -- write, verify, then prune.
+* :func:`load_checkpoint` -- verify and read one checkpoint, checked against the recipe's model settings.
+* :func:`resume_point` -- the checkpoint ``runner.resume_dir`` names (``auto``: this experiment's newest that loads).
+* :func:`newest_loadable_checkpoint` -- ``(path or None, skipped)``: the newest checkpoint of one run's
+  ``checkpoints/`` folder that reads back, and the newer ones skipped with their reasons (a :class:`Skipped` each);
+  what a run that recovers in place resumes from.
+* :func:`latest_checkpoint` -- the newest complete checkpoint of an experiment across run folders (not read back).
 """
 
 from __future__ import annotations
@@ -22,10 +45,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +58,20 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from rlrunner.utils.durable import sync_path, sync_tree, write_synced
+
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-# 2: one rank-independent actor state, optimizer state keyed by parameter name (1: per-rank, keyed by index)
-FORMAT_VERSION = 2
+# 3: actor.pt (one rank-independent state), a UTC save time and every file's size in the manifest, RNG states as
+# tensors and plain values (weights_only loading); 2: actor/rank_0.pt; 1: per-rank actor states keyed by index
+FORMAT_VERSION = 3
+RUNNER_FILE, ACTOR_FILE = "runner.pt", "actor.pt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 ASIDE = ".old"  # suffix of a checkpoint set aside while a re-save of its step is renamed in
+WRITING = ".tmp"  # suffix of a checkpoint being written (or of one a crash cut short)
 _CHECKPOINT_DIR = re.compile(rf"^global_step_(\d+)(?:{re.escape(ASIDE)})?$")
+_STALE_DIR = re.compile(rf"^global_step_\d+{re.escape(WRITING)}$")
 # adapter name -> its folder in a checkpoint, diffusers' LoRA format (written by the driver from the actor's state)
 ADAPTER_DIRS = {"default": "adapter", "ema": "adapter_ema"}
 
@@ -49,57 +80,66 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names what is missing or mismatched."""
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint passed over because it does not read back, and why (a :class:`CheckpointError`'s text)."""
+
+    path: Path
+    reason: str
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"global_step_{step}"
 
 
-def save_checkpoint(root: Path, step: int, *, runner_state: dict[str, Any], actor_states: list[dict[str, Any]],
+def save_checkpoint(root: Path, step: int, *, runner_state: dict[str, Any], actor_state: dict[str, Any],
                     config_yaml: str, model_info: dict[str, Any], write_adapters: Callable[[Path], None],
                     keep_last_n: int = 0) -> Path:
-    """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last_n`` (0 keeps all).
+    """Write checkpoint ``step`` durably (module docstring), then prune to the ``keep_last_n`` last written (0
+    keeps all). ``actor_state``: the actor's rank-independent state. Returns the checkpoint's folder.
 
-    ``actor_states``: ``[state]``, the actor's rank-independent state (its ``world_size`` goes to the manifest).
+    Raises:
+        CheckpointError: the written checkpoint does not read back (nothing is pruned then).
     """
+    created = not root.is_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in [p for p in root.iterdir() if _STALE_DIR.match(p.name)]:  # saves that a crash cut short
+        logger.warning("deleting %s, a checkpoint write that never completed", stale)
+        shutil.rmtree(stale, ignore_errors=True)
     final = step_dir(root, step)
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "actor").mkdir(parents=True)
+    tmp = final.with_name(final.name + WRITING)
+    tmp.mkdir()
     (tmp / "config.yaml").write_text(config_yaml)
-    torch.save(runner_state, tmp / "runner.pt")
-    for rank, state in enumerate(actor_states):
-        torch.save(state, tmp / "actor" / f"rank_{rank}.pt")
+    torch.save(runner_state, tmp / RUNNER_FILE)
+    torch.save(actor_state, tmp / ACTOR_FILE)
     write_adapters(tmp)
-    manifest = {"format_version": FORMAT_VERSION, "global_step": step, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "actor_world_size": actor_states[0].get("world_size", 1), **model_info}
-    _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2))
+    sync_tree(tmp)  # every byte on the disk before the manifest says the checkpoint is complete
+    files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {"format_version": FORMAT_VERSION, "global_step": step,
+                "saved_utc": datetime.now(timezone.utc).isoformat(timespec="microseconds"), "files": files,
+                **model_info}
+    write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2))
+    sync_path(tmp)
+    verify_checkpoint(tmp)
     aside = final.with_name(final.name + ASIDE)
     if final.exists():  # a re-save of the same step (e.g. after resuming from it): keep the old until the new is in
         shutil.rmtree(aside, ignore_errors=True)
         final.rename(aside)
     tmp.rename(final)
-    _sync_dir(root)
+    sync_path(root)
+    if created:
+        sync_path(root.parent)
     shutil.rmtree(aside, ignore_errors=True)
     if keep_last_n > 0:
-        for old in complete_checkpoints(root)[:-keep_last_n]:
-            shutil.rmtree(old, ignore_errors=True)
+        _prune(root, final, keep_last_n)
     return final
 
 
-def _write_synced(path: Path, text: str) -> None:
-    """Write ``path`` and flush it to disk: the manifest marks a checkpoint complete, so it must outlive a crash."""
-    with open(path, "w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-
-
-def _sync_dir(path: Path) -> None:
-    """Flush ``path``'s entries (the renames in it) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _prune(root: Path, final: Path, keep_last_n: int) -> None:
+    """Delete all but the ``keep_last_n`` last written checkpoints of ``root``; ``final`` (just written) stays."""
+    older = [c for c in complete_checkpoints(root) if c != final]
+    for old in older[:max(0, len(older) - (keep_last_n - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_adapters(directory: Path, adapters: dict[str, dict[str, torch.Tensor]], model_cfg: Any) -> None:
@@ -113,15 +153,139 @@ def write_adapters(directory: Path, adapters: dict[str, dict[str, torch.Tensor]]
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root`` (one run's ``checkpoints/``), oldest first, one per step: its
-    ``global_step_N``, or the ``global_step_N.old`` that a crash during a re-save of step N left instead."""
+    """Complete checkpoints under ``root`` (one run's ``checkpoints/``), oldest first by save time (module
+    docstring), one per step: its ``global_step_N``, or the ``global_step_N.old`` that a crash during a re-save of
+    step N left instead. Complete means it has a manifest; whether it reads back is :func:`verify_checkpoint`'s
+    question."""
     if not root.is_dir():
         return []
     found: dict[int, Path] = {}
     for path in sorted(root.iterdir(), key=lambda p: p.name.endswith(ASIDE)):  # global_step_N before its .old
         if (m := _CHECKPOINT_DIR.match(path.name)) and (path / MANIFEST).is_file():
             found.setdefault(int(m.group(1)), path)
-    return [found[step] for step in sorted(found)]
+    return sorted(found.values(), key=_save_order)
+
+
+def _save_order(ckpt: Path) -> tuple[float, int]:
+    """``(save time, step)``: the manifest's UTC time; the manifest file's time when it has none or is unreadable
+    (a checkpoint cut short by a crash, or of an older format), which still sorts it among the others."""
+    step = int(_CHECKPOINT_DIR.match(ckpt.name).group(1))
+    try:
+        return datetime.fromisoformat(json.loads((ckpt / MANIFEST).read_text())["saved_utc"]).timestamp(), step
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return (ckpt / MANIFEST).stat().st_mtime, step
+        except OSError:
+            return 0.0, step
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    """``ckpt``'s manifest, of this rlrunner's format.
+
+    Raises:
+        CheckpointError: naming the manifest when it is missing, empty, not a JSON object or of another format.
+    """
+    file = ckpt / MANIFEST
+    if not file.is_file():
+        raise CheckpointError(f"{ckpt} is not a complete checkpoint: {MANIFEST} is missing (interrupted save?); "
+                              f"use an earlier global_step_N or runner.resume_dir=auto")
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file} cannot be read: {err}") from None
+    if not text.strip():
+        raise CheckpointError(f"{file} is empty (a crash before the save reached the disk?)")
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{file} is not valid JSON ({err})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{file} holds {type(manifest).__name__}, not a JSON object")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {ckpt} has format_version {manifest.get('format_version')}, this rlrunner "
+                              f"reads {FORMAT_VERSION}; resume it with the rlrunner version that wrote it")
+    return manifest
+
+
+def _torch_load(file: Path, *, mmap: bool = False) -> Any:
+    """Unpickle ``file`` as plain data: tensors, numbers, strings, lists, tuples and dicts, nothing that runs code."""
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint file {file} is missing")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as err:  # noqa: BLE001 - bytes from outside: any failure means "this file does not load"
+        text = str(err).strip()
+        if isinstance(err, pickle.UnpicklingError) and "weights_only" in text.lower():
+            reason = "it holds objects other than tensors and plain values, which are never unpickled"
+        else:
+            reason = text.splitlines()[0] if text else "truncated or empty"
+        raise CheckpointError(f"checkpoint file {file} does not load ({type(err).__name__}: {reason})") from None
+
+
+def _check_opens(file: Path) -> None:
+    """Open ``file`` as its kind is read (headers and pickles, no tensor data), or raise CheckpointError."""
+    if file.suffix == ".pt":
+        _torch_load(file, mmap=True)
+        return
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as handle:
+                list(handle.keys())
+        elif file.suffix == ".json":
+            json.loads(file.read_text())
+        elif file.suffix == ".yaml":
+            yaml.safe_load(file.read_text())
+    except Exception as err:  # noqa: BLE001 - safetensors' and the parsers' errors share no base class
+        raise CheckpointError(f"checkpoint file {file} does not load ({type(err).__name__}: {err})") from None
+
+
+def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
+    """Read ``ckpt`` back cheaply: the manifest, then every file it lists has its recorded size and opens (pickles
+    unpickled memory-mapped, safetensors headers parsed). Returns the manifest.
+
+    Raises:
+        CheckpointError: naming the first file that is missing, truncated or does not load.
+    """
+    manifest = read_manifest(ckpt)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not {RUNNER_FILE, ACTOR_FILE} <= files.keys():
+        raise CheckpointError(f"{ckpt / MANIFEST} does not list {RUNNER_FILE} and {ACTOR_FILE} in 'files'")
+    for name, size in files.items():
+        file = ckpt / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {ckpt} is missing {name}")
+        if file.stat().st_size != size:
+            raise CheckpointError(f"checkpoint file {file} has {file.stat().st_size} bytes, its manifest says {size} "
+                                  "(cut short by a crash before it reached the disk?)")
+        _check_opens(file)
+    return manifest
+
+
+def first_loadable(candidates: Iterable[Path]) -> tuple[Path | None, list[Skipped]]:
+    """The first of ``candidates`` (newest first) that :func:`verify_checkpoint` reads back, and those skipped."""
+    skipped = []
+    for ckpt in candidates:
+        try:
+            verify_checkpoint(ckpt)
+        except CheckpointError as err:
+            skipped.append(Skipped(ckpt, str(err)))
+            continue
+        return ckpt, skipped
+    return None, skipped
+
+
+def newest_loadable_checkpoint(root: Path) -> tuple[Path | None, list[Skipped]]:
+    """The newest (last written) checkpoint under ``root`` (one run's ``checkpoints/``) that reads back, or None,
+    and the newer ones skipped, each with its reason."""
+    return first_loadable(reversed(complete_checkpoints(root)))
+
+
+def log_skipped(skipped: Iterable[Skipped]) -> None:
+    """One warning per skipped checkpoint: which, and why."""
+    for skip in skipped:
+        logger.warning("skipping checkpoint %s: %s", skip.path, skip.reason)
 
 
 # keys a resumed run may change freely: its length, logging, evaluation, checkpointing, resume and placement (the
@@ -146,14 +310,17 @@ def experiment_of(ckpt: Path) -> str:
     return name or ckpt.parents[1].name.split("-", 2)[-1]
 
 
+def _experiment_checkpoints(log_root: Path, experiment: str) -> list[Path]:
+    """Complete checkpoints of experiment ``experiment`` in every run folder under ``log_root``, oldest first."""
+    return sorted((c for run in log_root.glob("*/checkpoints") for c in complete_checkpoints(run)
+                   if experiment_of(c) == experiment), key=_save_order)
+
+
 def latest_checkpoint(log_root: Path, experiment: str) -> Path | None:
-    """The newest complete checkpoint of experiment ``experiment`` in any run folder under ``log_root``; None if
-    there is none."""
-    candidates = [c for run in log_root.glob("*/checkpoints") for c in complete_checkpoints(run)
-                  if experiment_of(c) == experiment]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: (json.loads((p / MANIFEST).read_text())["created"], p.stat().st_mtime))
+    """The newest (last written) complete checkpoint of experiment ``experiment`` in any run folder under
+    ``log_root``; None if there is none. Not read back: :func:`resume_point` falls back from one that fails."""
+    candidates = _experiment_checkpoints(log_root, experiment)
+    return candidates[-1] if candidates else None
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -186,15 +353,26 @@ def check_resume_recipe(ckpt: Path, recipe: dict[str, Any]) -> None:
                               f"experiment with its own runner.logger.experiment_name")
 
 
+def _newest_that_loads(candidates: list[Path], where: str) -> Path:
+    """The newest of ``candidates`` (oldest first) that reads back, logging each newer one skipped and why."""
+    found, skipped = first_loadable(reversed(candidates))
+    log_skipped(skipped)
+    if found is None:
+        reasons = "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
+        raise CheckpointError(f"{where}: none of its {len(skipped)} checkpoint(s) loads ({reasons})")
+    return found
+
+
 def resolve_resume_dir(resume_dir: str, log_root: Path, experiment: str) -> Path:
-    """``global_step_N`` dir as given; a run's log dir → its newest checkpoint; ``auto`` → :func:`latest_checkpoint`
-    (an error when there is none: the runner checks for that case itself and starts from scratch)."""
+    """``global_step_N`` dir as given; a run's log dir → its newest checkpoint that loads; ``auto`` → the newest
+    checkpoint of ``experiment`` under ``log_root`` that loads (an error when there is none: the runner checks for
+    that case itself and starts from scratch)."""
     if resume_dir == "auto":
-        latest = latest_checkpoint(log_root, experiment)
-        if latest is None:
+        candidates = _experiment_checkpoints(log_root, experiment)
+        if not candidates:
             raise CheckpointError(f"runner.resume_dir=auto: no complete checkpoint of experiment {experiment!r} "
                                   f"under {log_root}/*/checkpoints")
-        return latest
+        return _newest_that_loads(candidates, f"runner.resume_dir=auto (experiment {experiment!r})")
     path = Path(resume_dir).expanduser()
     aside = path.with_name(path.name + ASIDE)
     if not path.exists() and STEP_DIR.match(path.name) and (aside / MANIFEST).is_file():
@@ -203,13 +381,13 @@ def resolve_resume_dir(resume_dir: str, log_root: Path, experiment: str) -> Path
         return aside
     if not path.exists():
         raise CheckpointError(f"runner.resume_dir={resume_dir!r} does not exist")
-    if _CHECKPOINT_DIR.match(path.name) or path.name.endswith(".tmp"):
+    if _CHECKPOINT_DIR.match(path.name) or path.name.endswith(WRITING):
         return path
     ckpts = complete_checkpoints(path / "checkpoints") or complete_checkpoints(path)
     if not ckpts:
         raise CheckpointError(f"runner.resume_dir={resume_dir!r} holds no complete checkpoint (global_step_N with "
                               f"{MANIFEST})")
-    return ckpts[-1]
+    return _newest_that_loads(ckpts, f"runner.resume_dir={resume_dir!r}")
 
 
 def _same_setting(key: str, saved: Any, expected: Any) -> bool:
@@ -224,44 +402,42 @@ def resume_point(resume_dir: str, log_root: Path, recipe: dict[str, Any]) -> Pat
     """The checkpoint a run with the resolved ``recipe`` resumes from; None for ``auto`` without one yet.
 
     ``auto`` takes the newest checkpoint of the recipe's experiment under ``log_root`` (the folder holding the run
-    folders) and refuses one made with a different recipe (:func:`check_resume_recipe`).
+    folders) that reads back, logging the newer ones it skipped and why, and refuses one made with a different
+    recipe (:func:`check_resume_recipe`).
     """
     if resume_dir != "auto":
         return resolve_resume_dir(resume_dir, log_root, "")
     experiment = recipe["runner"]["logger"]["experiment_name"]
-    latest = latest_checkpoint(log_root, experiment)
-    if latest is None:
+    if latest_checkpoint(log_root, experiment) is None:
         # the same command line is re-issued after every preemption, also one that struck before the first save
         logger.warning("runner.resume_dir=auto: no complete checkpoint of experiment %r under %s/*/checkpoints yet; "
                        "starting from scratch", experiment, log_root)
         return None
-    check_resume_recipe(latest, recipe)
-    return latest
+    found = resolve_resume_dir("auto", log_root, experiment)
+    check_resume_recipe(found, recipe)
+    return found
 
 
-def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: int) -> dict[str, Any]:
-    """Read and check a checkpoint; returns ``{"manifest", "runner", "actor": [state]}`` (one rank-independent
-    actor state, for all ``actor_world_size`` ranks of the resuming run)."""
-    if not (path / MANIFEST).is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint: {MANIFEST} is missing (interrupted save?); "
-                              f"use an earlier global_step_N or runner.resume_dir=auto")
-    manifest = json.loads((path / MANIFEST).read_text())
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format_version {manifest.get('format_version')}, this rlrunner "
-                              f"reads {FORMAT_VERSION}; resume it with the rlrunner version that wrote it")
+def load_checkpoint(path: Path, model_info: dict[str, Any], actor_world_size: int | None = None) -> dict[str, Any]:
+    """Read back and check a checkpoint; returns ``{"manifest", "runner", "actor"}`` (``actor``: one
+    rank-independent state, for any number of ranks; ``actor_world_size``, the resuming run's, is only logged).
+
+    Raises:
+        CheckpointError: naming the file that does not load, or the model setting that differs from ``model_info``.
+    """
+    manifest = verify_checkpoint(path)
     for key, expected in model_info.items():
         if not _same_setting(key, manifest.get(key), expected):
             raise CheckpointError(f"checkpoint {path} was made with {key}={manifest.get(key)!r}, this recipe has "
                                   f"{key}={expected!r}; resume with the same model and LoRA settings")
-    missing = [name for name in ("runner.pt", "actor/rank_0.pt") if not (path / name).is_file()]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is missing {missing}")
-    if manifest["actor_world_size"] != actor_world_size:
-        logger.info("checkpoint %s was saved by %d actor rank(s); resuming on %d", path, manifest["actor_world_size"],
-                    actor_world_size)
-    state = torch.load(path / "actor" / "rank_0.pt", weights_only=False)
+    state, runner = _torch_load(path / ACTOR_FILE), _torch_load(path / RUNNER_FILE)
+    if not isinstance(state, dict) or not isinstance(state.get("adapters"), dict) or not isinstance(runner, dict):
+        raise CheckpointError(f"checkpoint {path}: {ACTOR_FILE} or {RUNNER_FILE} is not an rlrunner state")
+    saved_ranks = state.get("world_size", 1)
+    if actor_world_size is not None and saved_ranks != actor_world_size:
+        logger.info("checkpoint %s was saved by %d actor rank(s); resuming on %d", path, saved_ranks, actor_world_size)
     if "ema" not in state["adapters"]:
         logger.warning("checkpoint %s has no EMA adapter: EMA restarts from the trained adapter, so this resume is "
                        "NOT exact", path)
-        state["adapters"]["ema"] = dict(state["adapters"]["default"])
-    return {"manifest": manifest, "runner": torch.load(path / "runner.pt", weights_only=False), "actor": [state]}
+        state["adapters"]["ema"] = dict(state["adapters"].get("default", {}))
+    return {"manifest": manifest, "runner": runner, "actor": state}

@@ -346,7 +346,7 @@ class Runner:
                                                            "adapters": self.ahead.adapters}}
         actor_state = self.turns.actor_call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
         path = save_checkpoint(
-            root, self.step, runner_state=state, actor_states=[actor_state], config_yaml=to_yaml(self.cfg),
+            root, self.step, runner_state=state, actor_state=actor_state, config_yaml=to_yaml(self.cfg),
             model_info=self.model_info, keep_last_n=self.cfg.runner.keep_last_n,
             write_adapters=lambda d: write_adapters(d, actor_state["adapters"], self.cfg.actor.model))
         tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
@@ -361,7 +361,7 @@ class Runner:
             return False
         ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
         self.check_resumable(path, ckpt["runner"])
-        self.turns.actor_call("load_state_dict", ckpt["actor"][0])
+        self.turns.actor_call("load_state_dict", ckpt["actor"])
         self.sampler.load_state_dict(ckpt["runner"]["sampler"])
         set_rng_state(ckpt["runner"]["rng"])
         self.step = ckpt["runner"]["step"]

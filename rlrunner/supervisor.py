@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlrunner.checkpoint import complete_checkpoints
+from rlrunner.checkpoint import log_skipped, newest_loadable_checkpoint
 from rlrunner.cluster import Cluster
 from rlrunner.logger import RunLogger
 from rlrunner.preemption import PREEMPTED, run_status
@@ -84,9 +84,11 @@ def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner,
 
 
 def restart_point(log_dir: Path, resume_dir: str) -> str:
-    """Where a restarted run resumes: its own newest complete checkpoint, else where the run itself started."""
-    own = complete_checkpoints(log_dir / "checkpoints")
-    return str(own[-1]) if own else resume_dir
+    """Where a restarted run resumes: its own newest checkpoint that reads back (saying which newer ones it skipped
+    and why), else where the run itself started."""
+    own, skipped = newest_loadable_checkpoint(log_dir / "checkpoints")
+    log_skipped(skipped)
+    return str(own) if own is not None else resume_dir
 
 
 def report_restart(restart: Restart, runner: Supervised, seconds: float, log_dir: Path, max_restarts: int) -> None:

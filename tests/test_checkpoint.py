@@ -16,7 +16,7 @@ import torch
 from runner_helpers import small_recipe, train_metrics
 from safetensors.torch import load_file
 
-from rlrunner.checkpoint import CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
+from rlrunner.checkpoint import ACTOR_FILE, CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
 from rlrunner.config.errors import RecipeError
 from rlrunner.export import main as export_main
 from rlrunner.runner import Runner, run
@@ -54,7 +54,7 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 def _assert_same_checkpoint(a: Path, b: Path) -> None:
-    state_a, state_b = (torch.load(p / "actor" / "rank_0.pt", weights_only=False) for p in (a, b))
+    state_a, state_b = (torch.load(p / ACTOR_FILE, weights_only=True) for p in (a, b))
     for adapter in ("default", "ema"):
         for key, tensor in state_a["adapters"][adapter].items():
             assert torch.equal(tensor, state_b["adapters"][adapter][key]), f"{adapter} {key}"
@@ -126,15 +126,17 @@ run(small_recipe(root, "runner.max_steps=6", "runner.save_interval=2"), log_dir)
 
 def test_checkpoint_without_ema_falls_back_with_a_warning(uninterrupted, tmp_path, caplog):
     ckpt = shutil.copytree(uninterrupted / "checkpoints/global_step_3", tmp_path / "global_step_3")
-    state = torch.load(ckpt / "actor/rank_0.pt", weights_only=False)
+    state = torch.load(ckpt / ACTOR_FILE, weights_only=True)
     del state["adapters"]["ema"]
-    torch.save(state, ckpt / "actor/rank_0.pt")
+    torch.save(state, ckpt / ACTOR_FILE)
     manifest = __import__("json").loads((ckpt / "manifest.json").read_text())
+    manifest["files"][ACTOR_FILE] = (ckpt / ACTOR_FILE).stat().st_size  # the edit, recorded where a save records it
+    (ckpt / "manifest.json").write_text(__import__("json").dumps(manifest))
     info = {k: manifest[k] for k in MODEL_INFO_KEYS}
     with caplog.at_level(logging.WARNING):
         loaded = load_checkpoint(ckpt, info, actor_world_size=1)
     assert "NOT exact" in caplog.text
-    adapters = loaded["actor"][0]["adapters"]
+    adapters = loaded["actor"]["adapters"]
     assert all(torch.equal(adapters["ema"][k], adapters["default"][k]) for k in adapters["default"])
 
 
@@ -146,11 +148,11 @@ def test_mismatched_or_partial_checkpoints_are_rejected_by_name(uninterrupted, t
         load_checkpoint(ckpt, {**info, "lora_rank": 8}, actor_world_size=1)
     old_format = shutil.copytree(ckpt, tmp_path / "old" / "global_step_3")
     (old_format / "manifest.json").write_text(__import__("json").dumps({**manifest, "format_version": 1}))
-    with pytest.raises(CheckpointError, match=r"has format_version 1, this rlrunner reads 2"):
+    with pytest.raises(CheckpointError, match=r"has format_version 1, this rlrunner reads 3"):
         load_checkpoint(old_format, info, actor_world_size=1)
     partial = shutil.copytree(ckpt, tmp_path / "global_step_3")
-    (partial / "actor/rank_0.pt").unlink()
-    with pytest.raises(CheckpointError, match=r"missing \['actor/rank_0.pt'\]"):
+    (partial / ACTOR_FILE).unlink()
+    with pytest.raises(CheckpointError, match=r"global_step_3 is missing actor.pt"):
         load_checkpoint(partial, info, actor_world_size=1)
     (partial / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match=r"manifest.json is missing"):
@@ -169,14 +171,14 @@ def test_auto_resume_without_a_checkpoint_starts_from_scratch(uninterrupted, tmp
     full = [m["env/avg"] for m in train_metrics(uninterrupted)[:2]]
     assert [m["env/avg"] for m in train_metrics(fresh)] == full
     # an explicit path that does not exist is a recipe error, before anything starts
-    with pytest.raises(RecipeError, match=r"runner.resume_dir='.*nowhere' does not exist .*; give an existing file or "
-                                          r"folder or '' or 'auto'"):
+    with pytest.raises(RecipeError, match=r"runner.resume_dir='.*nowhere' does not exist; give an existing folder or "
+                                          r"'' or 'auto'"):
         _run(tmp_path, "20260101-000001-preempted", "runner.max_steps=2", f"runner.resume_dir={tmp_path / 'nowhere'}")
 
 
 def test_keep_last_n_prunes_old_checkpoints(tmp_path):
     for step in range(1, 5):
-        save_checkpoint(tmp_path, step, runner_state={"step": step}, actor_states=[{}], config_yaml="",
+        save_checkpoint(tmp_path, step, runner_state={"step": step}, actor_state={}, config_yaml="",
                         model_info={}, write_adapters=lambda d: None, keep_last_n=2)
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["global_step_3", "global_step_4"]
     assert not list(tmp_path.glob("*.tmp"))

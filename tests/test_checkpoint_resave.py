@@ -31,7 +31,7 @@ from rlrunner.checkpoint import save_checkpoint
 root = Path(sys.argv[1]) / "checkpoints"
 
 def save(marker):
-    save_checkpoint(root, 2, runner_state={"marker": marker}, actor_states=[{"adapters": {"default": {}, "ema": {}}}],
+    save_checkpoint(root, 2, runner_state={"marker": marker}, actor_state={"adapters": {"default": {}, "ema": {}}},
                     config_yaml="", model_info={"model_type": "tiny"},
                     write_adapters=lambda d: (d / "adapter").mkdir())
 
@@ -47,8 +47,8 @@ save("second")
 
 
 def _save(root: Path, marker: str) -> Path:
-    return save_checkpoint(root, 2, runner_state={"marker": marker}, actor_states=[{"adapters": {"default": {},
-                                                                                                  "ema": {}}}],
+    return save_checkpoint(root, 2, runner_state={"marker": marker}, actor_state={"adapters": {"default": {},
+                                                                                                "ema": {}}},
                            config_yaml="", model_info={"model_type": "tiny"}, write_adapters=lambda d: None)
 
 
@@ -83,7 +83,7 @@ def test_a_resave_replaces_the_old_checkpoint(tmp_path):
 def test_a_checkpoint_with_a_relative_model_path_resumes_from_the_folder_it_was_run_in(tmp_path, monkeypatch):
     """Checkpoints written before recipe paths were made absolute hold model_path as the recipe gave it."""
     (tmp_path / "model").mkdir()
-    ckpt = save_checkpoint(tmp_path / "checkpoints", 1, runner_state={}, actor_states=[{"adapters": {"ema": {}}}],
+    ckpt = save_checkpoint(tmp_path / "checkpoints", 1, runner_state={}, actor_state={"adapters": {"ema": {}}},
                            config_yaml="", model_info={"model_path": "model"}, write_adapters=lambda d: None)
     monkeypatch.chdir(tmp_path)
     assert load_checkpoint(ckpt, {"model_path": str(tmp_path / "model")}, actor_world_size=1)["manifest"]

@@ -79,7 +79,7 @@ def _dp_run(root: Path, name: str, actor_ranks: int, strategy: str, *overrides: 
 
 
 def _actor_state(log_dir: Path, step: int) -> dict:
-    return torch.load(log_dir / f"checkpoints/global_step_{step}/actor/rank_0.pt", weights_only=False)
+    return torch.load(log_dir / f"checkpoints/global_step_{step}/actor.pt", weights_only=False)
 
 
 def _max_adapter_diff(a: dict, b: dict) -> float:

@@ -138,7 +138,7 @@ def test_with_ray_the_driver_holds_only_logged_samples_and_the_actor_no_pixels(t
     # the actor received the training parts of the 2 rollout shards (one per async-reward chunk), without pixels
     assert received == [[("Batch", ["x0"], ["cond.text_emb"], 4)] * 2] * 2
 
-    local, remote = (torch.load(d / "checkpoints/global_step_2/actor/rank_0.pt", weights_only=False)
+    local, remote = (torch.load(d / "checkpoints/global_step_2/actor.pt", weights_only=False)
                      for d in (local_dir, ray_dir))
     for name, state in local["adapters"].items():
         assert all(torch.equal(t, remote["adapters"][name][k]) for k, t in state.items()), name

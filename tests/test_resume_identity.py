@@ -32,7 +32,7 @@ def _run(root: Path, name: str, *overrides: str) -> Path:
 def _fake_checkpoint(root: Path, run_name: str, step: int, *overrides: str) -> Path:
     """A complete checkpoint whose config.yaml is the resolved recipe with ``overrides``."""
     cfg = small_recipe(root, *overrides)
-    return save_checkpoint(root / "logs" / run_name / "checkpoints", step, runner_state={}, actor_states=[{}],
+    return save_checkpoint(root / "logs" / run_name / "checkpoints", step, runner_state={}, actor_state={},
                            config_yaml=to_yaml(cfg), model_info={}, write_adapters=lambda d: None)
 
 

@@ -111,7 +111,7 @@ def test_evals_score_the_trained_adapter_between_weight_syncs(tmp_path, monkeypa
     train = [adapters for mode, _, adapters in seen if mode == "train"]
     assert len(evals) == len(train) == 4  # 2 evals and 2 steps, 2 rollout rounds each (async_reward)
     for step, sampled in zip((1, 1, 2, 2), evals):
-        trained = torch.load(log_dir / f"checkpoints/global_step_{step}/actor/rank_0.pt", weights_only=False)
+        trained = torch.load(log_dir / f"checkpoints/global_step_{step}/actor.pt", weights_only=False)
         for key, value in trained["adapters"]["default"].items():
             assert torch.equal(sampled[key], value), (step, key)
     initial = train[0]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import rlrunner
+from rlrunner.config.paths import path_key
 
 PACKAGE_DIR = Path(rlrunner.__file__).resolve().parent
 # byte code is rebuilt on the node; shipping it would only change the package's hash between identical runs
@@ -61,9 +62,13 @@ def setup_failure(worker: str, error_text: str, cause: BaseException | None = No
 
 
 def check_readable(paths: Mapping[str, str]) -> None:
-    """Raise :class:`NodeSetupError` naming the first of ``paths`` (recipe key -> absolute local path) that this
-    node cannot read, with the fixes: a folder shared by every node, or a hub id."""
+    """Raise :class:`NodeSetupError` naming the first of ``paths`` (recipe key -> absolute local path, a worker's
+    ``node_paths`` from the path table) that this node cannot read, with the fixes: a folder shared by every node,
+    or (a model's key) a hub id."""
     for key, path in paths.items():
         if not os.access(path, os.R_OK):
-            raise NodeSetupError(f"cannot read {key}={path!r} (the folder is on the driver's disk, not on this node); "
-                                 "put it in a folder every node mounts at the same path, or use a hub id (org/name)")
+            entry = path_key(key)
+            what = "folder" if entry is None or entry.kind in ("folder", "model") else "file"
+            hub = ", or use a hub id (org/name)" if entry is not None and entry.kind == "model" else ""
+            raise NodeSetupError(f"cannot read {key}={path!r} (the {what} is on the driver's disk, not on this node); "
+                                 f"put it in a folder every node mounts at the same path{hub}")

@@ -116,25 +116,17 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class ExistingPath:
-    """A file or folder that exists (relative to the working directory), unless the value is one of ``unset``."""
+class InPathTable:
+    """A file or folder: resolved, and checked where it is read, by the one path table
+    (:data:`rlrunner.config.paths.PATH_KEYS`), which tests/config/test_paths.py keeps in step with these entries."""
 
-    unset: tuple[str, ...] = ("",)
-    kind: str = "any"  # any | file | dir
+    what: str
 
     def problem(self, value: Any, ctx: Context) -> str | None:
-        if value in self.unset:
-            return None
-        path = ctx.base_dir / Path(str(value)).expanduser()
-        exists = {"any": path.exists, "file": path.is_file, "dir": path.is_dir}[self.kind]()
-        if exists:
-            return None
-        what = {"any": "file or folder", "file": "file", "dir": "folder"}[self.kind]
-        unset = " or ".join(repr(u) for u in self.unset)
-        return f"does not exist (relative paths are taken from {ctx.base_dir}); give an existing {what} or {unset}"
+        return None
 
 
-Check = Free | Elsewhere | Choice | Each | Range | Rule | ExistingPath
+Check = Free | Elsewhere | Choice | Each | Range | Rule | InPathTable
 
 # ------------------------------------------------------------------------------------- registries, read lazily
 
@@ -206,15 +198,15 @@ _REWARD = {
     "alphabet": Free("the characters to keep; any text"),
     "rewards": Rule(_is_reward_parts, "a list of mappings of reward keys (parts of a multi reward)"),
     "aggregation": Choice(_registry("rlrunner.rewards.multi", "AGGREGATIONS")),
-    "model_path": Free("a local folder/file or a hub id; loaded (and reported if missing) when the reward is built"),
-    "processor_path": Free("a local folder or hub id of the tokenizer/processor, or empty (= model_path)"),
-    "head_path": ExistingPath(kind="file"),
+    "model_path": InPathTable("a local folder/file or a hub id"),
+    "processor_path": InPathTable("a local folder or hub id of the tokenizer/processor, or empty (= model_path)"),
+    "head_path": InPathTable("a file"),
     "precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),
     "url": Rule(_is_url, "an http(s) URL such as http://127.0.0.1:8000, or empty"),
-    "token_file": ExistingPath(kind="file"),
+    "token_file": InPathTable("a file"),
     "base_url": Rule(_is_url, "an http(s) URL such as http://127.0.0.1:8000/v1, or empty"),
     "served_model": Free("the model name the endpoint serves; required for vlm_ocr and the judges (validate)"),
-    "api_key_file": ExistingPath(kind="file"),
+    "api_key_file": InPathTable("a file"),
     "judge_prompt": Rule(lambda t: not t or "{prompt}" in t, "empty (the judge's own template) or a text with "
                                                                "{prompt} where the caption goes"),
     "top_logprobs": Range(low=1, high=20, meaning="tokens with logprobs the endpoint returns (OpenAI: at most 20)"),
@@ -242,7 +234,7 @@ _FAMILY = {
     "use_lora": Rule(bool, "true: NFT keeps its old policy as a second LoRA adapter"),
     "lora_rank": POSITIVE_INT,
     "lora_alpha": Range(low=0, low_open=True),
-    "lora_path": ExistingPath(),
+    "lora_path": InPathTable("a local folder or a hub id"),
     "gradient_checkpointing": Free("bool"),
     "offload_text_encoder": Free("bool"),
     "offload_vae": Free("bool"),
@@ -253,12 +245,12 @@ _SPLIT = {
     "total_num_envs": POSITIVE_INT,
     "rollout_epoch": POSITIVE_INT,
     "dataset.type": Choice(_fixed("ocr")),  # prompt files (rlrunner/data/prompts.py)
-    "dataset.path": Elsewhere("_check_env (with dataset.split; skipped by tools that read no prompts)"),
+    "dataset.path": InPathTable("a prompt file or folder (its files: _check_env, with dataset.split)"),
     "dataset.split": Elsewhere("_check_env (<split>.txt, .jsonl or .parquet must exist in dataset.path)"),
     "dataset.prompt_key": Elsewhere("_check_env (each record of a .jsonl or .parquet dataset.path must have it)"),
     **{f"reward.{key}": check for key, check in _REWARD.items()},
     "video_cfg.save_video": Free("bool"),
-    "video_cfg.video_base_dir": Free("a folder, created when videos are saved"),
+    "video_cfg.video_base_dir": InPathTable("a folder, created when videos are saved"),
     "video_cfg.fps": POSITIVE_INT,
 }
 
@@ -280,9 +272,9 @@ KEY_CHECKS: dict[str, Check] = {
     "runner.val_before_train": Free("bool"),
     "runner.save_interval": Range(low=-1, meaning="0 = only at the end; -1 (RLinf) = never"),
     "runner.keep_last_n": Range(low=0, meaning="0 = keep all"),
-    "runner.resume_dir": ExistingPath(unset=("", "auto")),
+    "runner.resume_dir": InPathTable("a checkpoint or run folder, or auto"),
     "runner.resume_allow_changes": Elsewhere("_check_resume (true, false or a list of dotted keys)"),
-    "runner.log_dir": Free("set by the launcher"),
+    "runner.log_dir": InPathTable("set by the launcher"),
     "runner.weight_sync_interval": POSITIVE_INT,
     "runner.sample_log_interval": Range(low=0, meaning="0 = never"),
     "runner.num_logged_samples": COUNT,
@@ -293,7 +285,7 @@ KEY_CHECKS: dict[str, Check] = {
     "runner.max_restarts": Range(low=0, meaning="0 = stop at the first lost worker"),
     "runner.save_on_signal": Free("bool"),
     "runner.seed": SEED,
-    "runner.logger.log_path": Free("a folder, created at start"),
+    "runner.logger.log_path": InPathTable("a folder, created at start"),
     "runner.logger.experiment_name": Free("any text"),
     "runner.logger.project_name": Free("any text"),
     "runner.logger.logger_backends": Each(Choice(_registry("rlrunner.logger", "LOGGER_BACKENDS"))),
@@ -334,7 +326,7 @@ KEY_CHECKS: dict[str, Check] = {
     "actor.seed": SEED,
     "actor.strategy": Choice(_registry("rlrunner.cluster.parallelize", "ENGINES")),
     "actor.one_rank_group": Free("bool"),
-    "actor.model.model_path": Elsewhere("_check_model (a local folder or a hub id)"),
+    "actor.model.model_path": InPathTable("a local folder or a hub id"),
     "actor.model.model_type": Choice(_registry("rlrunner.models", "MODEL_FAMILIES", first=("auto",))),
     "actor.model.precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),
     "actor.model.device": Choice(_registry("rlrunner.utils.device", "DEVICE_NAMES")),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlrunner.config.checks import family_sections
 from rlrunner.config.compose import compose
 from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
-from rlrunner.config.paths import make_paths_absolute
+from rlrunner.config.paths import launch_dir, resolve_paths
 from rlrunner.config.rlinf import translate
 from rlrunner.config.schema import RecipeConfig
 from rlrunner.config.validate import resolve_model_type, validate
@@ -140,9 +139,10 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
                           f"{str(err).splitlines()[0]}") from None
     if not cfg.runner.logger.experiment_name:  # a run's identity for runner.resume_dir=auto
         cfg.runner.logger.experiment_name = path.stem
-    resolve_model_type(cfg, base_dir=Path(os.getcwd()))
-    validate(cfg, base_dir=Path(os.getcwd()), check_datasets=check_datasets)
-    make_paths_absolute(cfg, Path(os.getcwd()))  # workers run elsewhere: relative paths mean nothing there
+    # workers run elsewhere: relative paths mean nothing there (each is checked where it is read)
+    resolve_paths(cfg, check_driver_paths=check_datasets)
+    resolve_model_type(cfg, base_dir=launch_dir())
+    validate(cfg, base_dir=launch_dir(), check_datasets=check_datasets)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

@@ -6,7 +6,6 @@ what to change.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlrunner.config.checks import Context, problems, reward_part_problems
 from rlrunner.config.errors import RecipeError
-from rlrunner.config.paths import is_local_path
+from rlrunner.config.paths import joins_cluster
 
 # reward keys that a reward model cannot do without
 REWARD_NEEDS = {"remote": ("url",), "geneval": ("url",), "vlm_ocr": ("base_url", "served_model"),
@@ -104,14 +103,11 @@ def _check_logger(cfg: DictConfig) -> None:
         _fail(install_hint(absent[0]))
 
 
-def _check_model(cfg: DictConfig, base_dir: Path) -> None:
-    model = cfg.actor.model
-    if not model.model_path:
+def _check_model(cfg: DictConfig) -> None:
+    """A model is named; whether its folder exists is the path table's check (rlrunner.config.paths)."""
+    if not cfg.actor.model.model_path:
         _fail("actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
               "(e.g. actor.model.model_path=stabilityai/stable-diffusion-3.5-medium)")
-    if is_local_path(model.model_path, base_dir) and not (base_dir / Path(model.model_path).expanduser()).exists():
-        _fail(f"actor.model.model_path={model.model_path!r} does not exist (relative paths are taken from "
-              f"{base_dir}); point it at a diffusers folder or use a hub id like org/name")
 
 
 def resolve_model_type(cfg: DictConfig, base_dir: Path) -> None:
@@ -219,10 +215,7 @@ def _check_env(cfg: DictConfig, split: str, base_dir: Path, check_datasets: bool
     if not env.dataset.path:
         _fail(f"env.{split}.dataset.path is empty; set it to a directory with {env.dataset.split}.txt or a "
               f"{' / '.join(FORMATS)} file")
-    path = base_dir / Path(env.dataset.path).expanduser()
-    if not path.exists():
-        _fail(f"env.{split}.dataset.path={env.dataset.path!r} does not exist (relative paths are taken from "
-              f"{base_dir})")
+    path = base_dir / Path(env.dataset.path).expanduser()  # absolute, and there (rlrunner.config.paths)
     names = [f"{env.dataset.split}{suffix}" for suffix in FORMATS]
     if path.is_dir() and not any((path / name).is_file() for name in names):
         source = path / "SOURCE.md"
@@ -288,7 +281,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     _check_flow_grpo(cfg)
     _check_awm(cfg)
     _check_resume(cfg)
-    _check_model(cfg, base_dir)
+    _check_model(cfg)
     _check_family(cfg, base_dir)
     _check_logger(cfg)
     _check_env(cfg, "train", base_dir, check_datasets)
@@ -308,8 +301,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
 def _devices_known_offline(cluster: DictConfig) -> bool:
     """False when the recipe joins an existing Ray cluster and leaves its devices per node to detection: then
     the driver machine's devices say nothing, and the placement is checked after connecting (runner.run)."""
-    joins = cluster.backend == "ray" and bool(cluster.ray_address or os.environ.get("RAY_ADDRESS"))
-    return not joins or cluster.num_devices_per_node > 0
+    return not joins_cluster(cluster) or cluster.num_devices_per_node > 0
 
 
 def check_placement(cfg: DictConfig, placement: Any) -> None:

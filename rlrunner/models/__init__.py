@@ -7,7 +7,6 @@ To add one: write ``models/<family>.py`` with a ``FlowModel`` subclass that has 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rlrunner.models.base import FlowModel
@@ -60,14 +59,5 @@ def build_model(model_cfg: Any, denoiser_only: bool = False) -> FlowModel:
                                                   denoiser_only=denoiser_only)
 
 
-def local_model_paths(model_cfg: Any) -> dict[str, str]:
-    """The local folders :func:`build_model` reads (recipe key -> path): ``model_path`` and the family's
-    ``lora_path`` when they are absolute paths (the driver makes local paths absolute; hub ids stay as they are)."""
-    family = model_cfg.model_type
-    paths = {"actor.model.model_path": model_cfg.model_path,
-             f"actor.model.{family}.lora_path": model_cfg[family].lora_path}
-    return {key: str(path) for key, path in paths.items() if path and os.path.isabs(str(path))}
-
-
 __all__ = ["ADAPTERS", "EMA_ADAPTER", "MODEL_FAMILIES", "TRAINED_ADAPTER", "FlowModel", "build_model",
-           "detect_model_type", "local_model_paths", "model_class"]
+           "detect_model_type", "model_class"]

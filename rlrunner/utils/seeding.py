@@ -17,8 +17,12 @@ def derive_seed(seed: int, role: str, *indices: int) -> int:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, numpy and torch (CPU, plus CUDA when present) RNG states of this process."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy and torch (CPU, plus CUDA when present) RNG states of this process, as tensors and plain
+    values only, so that a checkpoint holding them loads with ``torch.load(weights_only=True)``: numpy's key array
+    becomes an int64 tensor (python's state is already a tuple of ints)."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached_gaussian))
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -26,7 +30,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

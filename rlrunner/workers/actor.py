@@ -14,7 +14,8 @@ import torch
 from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
 from rlrunner.batch import Batch
 from rlrunner.cluster.parallelize import local_shards, parallelize
-from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model, local_model_paths
+from rlrunner.config.paths import node_paths
+from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.sample_order import noise_seed
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
@@ -41,8 +42,8 @@ class ActorWorker:
 
     @staticmethod
     def node_paths(actor_cfg: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
-        """The local folders this worker reads (checked on its node before it starts)."""
-        return local_model_paths(actor_cfg.model)
+        """The local paths this worker reads (checked on its node before it starts; rlrunner.config.paths)."""
+        return node_paths("actor", actor_cfg, "actor")
 
     def __init__(self, actor_cfg: Any, algorithm_cfg: Any, num_train_steps: int, *, rank: int = 0,
                  world_size: int = 1) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rlrunner.batch import Batch
+from rlrunner.config.paths import node_paths
 from rlrunner.rewards import AsyncRewardScorer, RewardOutput, build_reward
 
 SPLITS = ("train", "eval")
@@ -30,6 +31,12 @@ class EnvWorker:
     This overlaps reward and rollout with every backend, in-process included. The worker scores the slices the
     driver cut (:func:`rlrunner.shares.reward_slices`) as they come, one per scorer thread, never re-splitting.
     """
+
+    @staticmethod
+    def node_paths(env_cfg: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
+        """The local files and folders the rewards read (token and key files, model folders, heads): checked on
+        this worker's node before it starts (rlrunner.config.paths), with the same one line as the model's."""
+        return node_paths("env", env_cfg, "env")
 
     def __init__(self, env_cfg: Any, *, rank: int = 0, world_size: int = 1) -> None:
         self.scorers = {}

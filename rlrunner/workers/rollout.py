@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from rlrunner.batch import Batch
-from rlrunner.models import TRAINED_ADAPTER, build_model, local_model_paths
+from rlrunner.config.paths import node_paths
+from rlrunner.models import TRAINED_ADAPTER, build_model
 from rlrunner.objectives import build_objective
 from rlrunner.sample_order import TrainPlan
 from rlrunner.utils.seeding import derive_seed
@@ -59,8 +60,8 @@ class RolloutWorker:
 
     @staticmethod
     def node_paths(model_cfg: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
-        """The local folders this worker reads (checked on its node before it starts)."""
-        return local_model_paths(model_cfg)
+        """The local paths this worker reads (checked on its node before it starts; rlrunner.config.paths)."""
+        return node_paths("rollout", model_cfg, "actor.model")
 
     def __init__(self, model_cfg: Any, seed: int, *, algorithm_cfg: Any = None, rank: int = 0,
                  world_size: int = 1) -> None:
