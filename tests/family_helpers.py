@@ -107,6 +107,8 @@ def _qwen_image_latents(model: Any, latents: torch.Tensor) -> torch.Tensor:
 PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, torch.Tensor], torch.Tensor]]] = {
     "sd3": (_sd3_call, lambda model, latents: latents),
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
+    "wan21_t2v": (_wan_call, lambda model, latents: latents),
+    "wan22_t2v_a14b": (_wan_call, lambda model, latents: latents),
     "qwen_image": (_qwen_image_call, _qwen_image_latents),
 }
 

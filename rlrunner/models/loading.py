@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-#: the pipeline components a denoiser-only model (the actor's) loads
-DENOISER_PARTS = ("transformer", "scheduler")
+#: the pipeline components a denoiser-only model (the actor's) loads (transformer_2: the second expert of a
+#: two-expert model; absent elsewhere)
+DENOISER_PARTS = ("transformer", "transformer_2", "scheduler")
 
 
 def read_model_index(model_path: str) -> dict[str, Any] | None:
