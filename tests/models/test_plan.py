@@ -30,8 +30,9 @@ from rlrunner.sizing.memory import (
 )
 from rlrunner.sizing.meta import CONFIG_FILE, MODEL_INDEX
 
-FAMILIES = ("sd3", "wan22_ti2v_5b", "qwen_image")
-RECIPES = {"sd3": "sd3_nft_ocr", "wan22_ti2v_5b": "wan22_ti2v_5b_nft_ocr", "qwen_image": "qwen_image_nft_ocr"}
+FAMILIES = ("sd3", "wan22_ti2v_5b", "qwen_image", "wan22_t2v_a14b")
+RECIPES = {"sd3": "sd3_nft_ocr", "wan22_ti2v_5b": "wan22_ti2v_5b_nft_ocr", "qwen_image": "qwen_image_nft_ocr",
+           "wan22_t2v_a14b": "wan22_t2v_a14b_nft_video_ocr"}
 TINY_FOLDER = Path("examples/diffusion/models/tiny-ocr-flow")
 
 
