@@ -189,12 +189,35 @@ def test_each_wan_folder_matches_exactly_one_family(tiny_dirs, tmp_path):
 def test_a_recipe_on_another_wan_layout_fails_in_one_line_before_launch(tiny_dirs, monkeypatch, model_type, folder,
                                                                         message):
     from rlrunner.config.errors import RecipeError
-    from rlrunner.config.loader import load_recipe
 
     monkeypatch.chdir(ROOT)
     overrides = [f"actor.model.model_type={model_type}", f"actor.model.model_path={tiny_dirs(folder)}",
-                 f"actor.model.{model_type}.resolution=32", f"actor.model.{model_type}.num_frames=5",
-                 *(f"env.{s}.dataset.path=examples/diffusion/data/tiny_ocr" for s in ("train", "eval"))]
+                 f"actor.model.{model_type}.resolution=32", f"actor.model.{model_type}.num_frames=5"]
     with pytest.raises(RecipeError, match=message) as err:
-        load_recipe("wan22_t2v_a14b_nft_video_ocr", overrides)
+        _load_a14b_recipe(*overrides)
+    assert "\n" not in str(err.value).strip()
+
+
+def _load_a14b_recipe(*overrides: str):
+    from rlrunner.config.loader import load_recipe
+
+    data = [f"env.{s}.dataset.path=examples/diffusion/data/tiny_ocr" for s in ("train", "eval")]
+    return load_recipe("wan22_t2v_a14b_nft_video_ocr", [*data, *overrides])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["actor.model.wan22_t2v_a14b.train_experts=middle"], "train_experts.*'middle'.*both"),
+    (["actor.model.wan22_t2v_a14b.eval_guidance_scale=1.0"],
+     "eval_guidance_scale_2=3.0 but eval_guidance_scale=1.0: the pipeline guides .*only when"),
+    (["actor.model.model_type=wan21_t2v", "actor.model.wan21_t2v.train_experts=high"],
+     "wan21_t2v.train_experts='high' applies to a model with two experts"),
+    (["actor.model.model_type=wan22_ti2v_5b", "actor.model.wan22_ti2v_5b.guidance_scale_2=2.0"],
+     "wan22_ti2v_5b.guidance_scale_2=2.0 applies to a model with two experts"),
+])
+def test_expert_settings_are_checked_in_one_line_before_launch(monkeypatch, overrides, message):
+    from rlrunner.config.errors import RecipeError
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(RecipeError, match=message) as err:
+        _load_a14b_recipe(*overrides)
     assert "\n" not in str(err.value).strip()
