@@ -31,6 +31,7 @@ from rlrunner.models import EMA_ADAPTER, model_class
 from rlrunner.utils.device import resolve_device, resolve_dtype
 
 TARGET = 1.05
+FAMILIES = ("sd3", "wan22_ti2v_5b", "wan21_t2v", "wan22_t2v_a14b", "qwen_image")
 
 
 def _tiny_writers():
@@ -97,7 +98,7 @@ def bench_family(family: str, args: argparse.Namespace, workdir: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="all", choices=["all", "sd3", "wan22_ti2v_5b", "qwen_image"])
+    parser.add_argument("--family", default="all", choices=["all", *FAMILIES])
     parser.add_argument("--model-path", default=None, help="diffusers folder or hub id (default: tiny random)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=4)
@@ -109,7 +110,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    families = ["sd3", "wan22_ti2v_5b", "qwen_image"] if args.family == "all" else [args.family]
+    families = list(FAMILIES) if args.family == "all" else [args.family]
     if args.model_path and len(families) > 1:
         parser.error("--model-path needs --family")
     with tempfile.TemporaryDirectory() as workdir:
