@@ -221,3 +221,38 @@ def test_expert_settings_are_checked_in_one_line_before_launch(monkeypatch, over
     with pytest.raises(RecipeError, match=message) as err:
         _load_a14b_recipe(*overrides)
     assert "\n" not in str(err.value).strip()
+
+
+@pytest.mark.slow
+def test_a14b_trains_checkpoints_and_resumes_bitwise(tiny_dirs, tmp_path):
+    """Two NFT steps with eval at guidance 4 / 2.5, a checkpoint per step holding both experts' files, and a resume
+    from step 1 that ends at step 2 with the uninterrupted run's adapters and optimizer state."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from runner_helpers import small_recipe
+
+    from rlrunner.runner import run
+
+    family = f"actor.model.{A14B}"
+    settings = [f"actor.model.model_type={A14B}", f"actor.model.model_path={tiny_dirs(A14B)}", f"{family}.resolution=32",
+                f"{family}.num_frames=1", f"{family}.max_sequence_length=8", f"{family}.num_steps=2",
+                f"{family}.eval_num_steps=2", f"{family}.lora_rank=4", f"{family}.lora_alpha=4",
+                f"{family}.eval_guidance_scale=4.0", f"{family}.eval_guidance_scale_2=2.5", "actor.model.precision=fp32",
+                "runner.max_steps=2", "runner.save_interval=1", "runner.val_check_interval=2",
+                "runner.sample_log_interval=0"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    full.mkdir()
+    run(small_recipe(tmp_path, *settings), full)
+    checkpoint = full / "checkpoints" / "global_step_1"
+    assert sorted(p.name for p in (checkpoint / "adapter").iterdir()) == sorted(LORA_FILES.values())
+    resumed.mkdir()
+    run(small_recipe(tmp_path, *settings, f"runner.resume_dir={checkpoint}"), resumed)
+    states = [torch.load(d / "checkpoints/global_step_2/actor/rank_0.pt", weights_only=False) for d in (full, resumed)]
+    for adapter in ("default", "ema"):
+        keys = states[0]["adapters"][adapter]
+        assert {k.split(".")[0] for k in keys} == {"transformer", "transformer_2"}
+        assert all(torch.equal(v, states[1]["adapters"][adapter][k]) for k, v in keys.items()), adapter
+    optimizer = [s["optimizer"]["state"] for s in states]
+    assert optimizer[0].keys() == optimizer[1].keys()
+    assert all(torch.equal(optimizer[0][i]["exp_avg"], optimizer[1][i]["exp_avg"]) for i in optimizer[0])
