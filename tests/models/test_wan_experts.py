@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from family_helpers import PIPELINE_CALLS, make_noise, reference_scheduler
+from family_helpers import PIPELINE_CALLS, make_noise, pipeline_sample, reference_scheduler
 
 from rlrunner.algorithms.nft import nft_loss
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, detect_model_type
@@ -67,6 +67,19 @@ def test_rollout_switches_expert_on_the_pipelines_step(load_tiny, resolution, gu
     if guidance_scale_2 is not None:  # the low-noise scale matters: it is not the high-noise one in disguise
         same = model.sample(cond, noise, sampler="euler", num_steps=4, guidance_scale=guidance_scale)
         assert not torch.allclose(ours, same, atol=1e-4)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
+def test_wan21_rollout_equals_the_pipeline_at_a_second_resolution(load_tiny, guidance_scale):
+    """test_model_families checks 32x32; Wan2.1's 8x VAE at 32x48 (a 4x6 latent, 2x3 patches) too."""
+    model = load_tiny("wan21_t2v", resolution=[32, 48])
+    _perturb(model, EMA_ADAPTER)
+    cond = model.encode_prompts(PROMPTS[:2])
+    noise = make_noise(model, 2, torch.Generator().manual_seed(4))
+    assert model.latent_shape == (16, 2, 4, 6) and not model.expand_timesteps
+    ours = model.sample(cond, noise, sampler="euler", num_steps=3, guidance_scale=guidance_scale)
+    theirs = pipeline_sample(model, cond, noise, num_steps=3, guidance_scale=guidance_scale)
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=1e-5)
 
 
 def test_straddling_micro_batch_equals_each_row_alone_with_its_expert(load_tiny):
