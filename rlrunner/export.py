@@ -74,15 +74,14 @@ def model_card(algorithm: str, adapter: str, manifest: dict, base: str, checkpoi
 
 
 def diffusers_load_lines(family: type, out_dir: Path) -> list[str]:
-    """One ``pipe.load_lora_weights`` call per LoRA file of the family that ``out_dir`` holds (a two-expert model
-    writes ``pytorch_lora_weights_transformer_2.safetensors`` for its second expert, loaded with
-    ``load_into_transformer_2=True``)."""
-    lines = []
-    for kwargs in family.lora_load_calls:
-        if (out_dir / kwargs.get("weight_name", "pytorch_lora_weights.safetensors")).is_file():
-            args = "".join(f", {key}={value!r}" for key, value in kwargs.items())
-            lines.append(f"pipe.load_lora_weights({str(out_dir)!r}{args})")
-    return lines
+    """One ``pipe.load_lora_weights`` call per LoRA file of the family that ``out_dir`` holds (every file the family
+    may write while it holds none yet). A two-expert model writes ``pytorch_lora_weights_transformer_2.safetensors``
+    for its second expert, loaded with ``load_into_transformer_2=True``; with ``train_experts`` high or low only one
+    of its two files exists."""
+    calls = family.lora_load_calls
+    held = [kw for kw in calls if (out_dir / kw.get("weight_name", "pytorch_lora_weights.safetensors")).is_file()]
+    return [f"pipe.load_lora_weights({str(out_dir)!r}{''.join(f', {k}={v!r}' for k, v in kw.items())})"
+            for kw in held or calls]
 
 
 def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:
