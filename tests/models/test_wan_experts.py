@@ -137,6 +137,23 @@ def test_an_expert_without_rows_gets_a_zero_gradient_and_no_call_without_one(loa
     assert [name for _, name in calls] == ["transformer"]
 
 
+def test_gradient_checkpointing_of_both_experts_gives_the_same_gradients(load_tiny):
+    cond_prompts = PROMPTS[:2]
+    grads = []
+    for checkpointing in (False, True):
+        model = load_tiny(A14B, gradient_checkpointing=checkpointing)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # the same adapter in both models (LoRA init draws from the global generator)
+            for p in model.adapter_parameters(TRAINED_ADAPTER):
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+        cond = model.encode_prompts(cond_prompts)
+        x = torch.randn(2, *model.latent_shape, generator=torch.Generator().manual_seed(0))
+        for t in (torch.tensor([0.3, 0.9]), torch.tensor([0.95, 0.9])):  # straddling, then the low expert idle
+            model.velocity(x, t, cond).pow(2).mean().backward()
+        grads.append([p.grad.clone() for p in model.trainable_parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads, strict=True))
+
+
 @pytest.mark.parametrize(("train_experts", "files"), [("high", ["transformer"]), ("low", ["transformer_2"])])
 def test_train_experts_adapts_only_the_chosen_expert(load_tiny, tmp_path, train_experts, files):
     model = load_tiny(A14B, train_experts=train_experts)
