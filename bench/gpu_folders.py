@@ -36,7 +36,8 @@ sys.path.insert(1, str(ROOT / "tests"))  # tests/family_helpers.py: the in-memor
 CONFIGS = ROOT / "bench" / "model_configs"
 #: family -> config-only folder of the published checkpoint under bench/model_configs/
 SOURCES = {"sd3": "stable-diffusion-3.5-medium", "wan22_ti2v_5b": "wan2.2-ti2v-5b", "qwen_image": "qwen-image",
-           "flux1": "flux.1-dev"}
+           "flux1": "flux.1-dev",
+           "wan21_t2v": "wan2.1-t2v-14b", "wan22_t2v_a14b": "wan2.2-t2v-a14b"}
 #: scheduler of each pipeline class as the published folders configure it (rlrunner samples on its own grid)
 SCHEDULERS: dict[str, dict[str, Any]] = {
     "StableDiffusion3Pipeline": {"shift": 3.0},
@@ -98,7 +99,8 @@ def thin_text_encoder(class_name: str, config: dict[str, Any], tokenizer: Any) -
 def build_folder(source: Path, out: Path, *, device: torch.device, num_layers: int | None = None) -> Path:
     """Write the pipeline of ``source`` (model_index.json + <component>/config.json) with random weights to ``out``.
 
-    ``num_layers`` replaces the denoiser's block count (None keeps the config's).
+    ``num_layers`` replaces the denoiser's block count, of each expert of a two-expert model (None keeps the
+    config's).
     """
     import diffusers
 
@@ -113,12 +115,12 @@ def build_folder(source: Path, out: Path, *, device: torch.device, num_layers: i
             tokenizer = tokenizer_for(index[name.replace("text_encoder", "tokenizer")][1], config)
             parts[name.replace("text_encoder", "tokenizer")] = tokenizer
             parts[name] = thin_text_encoder(class_name, config, tokenizer).to(torch.bfloat16)
-        for name in ("transformer", "vae"):
+        for name in [n for n in ("transformer", "transformer_2", "vae") if (index.get(n) or [None])[0]]:
             config = read_config(source / name)
-            if name == "transformer" and num_layers is not None:
+            if name.startswith("transformer") and num_layers is not None:
                 config["num_layers"] = num_layers
             module = getattr(diffusers, index[name][1]).from_config(config)
-            parts[name] = module.to(torch.bfloat16 if name == "transformer" else torch.float32)
+            parts[name] = module.to(torch.float32 if name == "vae" else torch.bfloat16)
     parts["scheduler"] = getattr(diffusers, index["scheduler"][1])(**SCHEDULERS[pipeline_class])
     for name, value in index.items():  # pipeline options (Wan: expand_timesteps) and absent components
         if not name.startswith("_") and name not in parts:

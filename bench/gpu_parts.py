@@ -77,10 +77,9 @@ def write_prompts(folder: Path) -> Path:
 def model_overrides(folder: Path, profile: Profile, prompts: Path, **family: Any) -> list[str]:
     """Recipe overrides that point a recipe at ``folder`` and ``prompts``, with the profile's family sizes and
     ``family`` (``actor.model.<model_type>`` keys) on top."""
-    from rlrunner.models import MODEL_FAMILIES, model_class
+    from rlrunner.models import detect_model_type
 
-    pipeline = json.loads((folder / "model_index.json").read_text())["_class_name"]
-    model_type = next(t for t in MODEL_FAMILIES if model_class(t).pipeline_class_name == pipeline)
+    model_type = detect_model_type(str(folder))  # the pipeline class and, for Wan, which layout
     values = {**profile.family.get(model_type, {}), **family}
     return [f"actor.model.model_path={folder}", f"env.train.dataset.path={prompts}",
             f"env.eval.dataset.path={prompts}", *(f"actor.model.{model_type}.{k}={json.dumps(v)}"

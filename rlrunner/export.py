@@ -66,9 +66,10 @@ def model_card(algorithm: str, adapter: str, manifest: dict, base: str, checkpoi
         f"- from checkpoint `{checkpoint}` (global step {manifest['global_step']})\n",
     ]
     if model_type not in RLRUNNER_ONLY_FAMILIES:
-        pipeline = model_class(model_type).pipeline_class_name
+        family = model_class(model_type)
+        pipeline = family.pipeline_class_name
         lines += ["With diffusers:\n", "```python", f"from diffusers import {pipeline}",
-                  f"pipe = {pipeline}.from_pretrained({base!r})", f"pipe.load_lora_weights({str(out_dir)!r})", "```\n"]
+                  f"pipe = {pipeline}.from_pretrained({base!r})", *diffusers_load_lines(family, out_dir), "```\n"]
     else:
         lines.append(f"The `{model_type}` model is rlrunner's own (no diffusers pipeline); load it with rlrunner.\n")
     lines += [
@@ -87,6 +88,17 @@ def model_card(algorithm: str, adapter: str, manifest: dict, base: str, checkpoi
         f"In a recipe: `actor.model.model_path={base} actor.model.{model_type}.lora_path={out_dir}` starts from it.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def diffusers_load_lines(family: type, out_dir: Path) -> list[str]:
+    """One ``pipe.load_lora_weights`` call per LoRA file of the family that ``out_dir`` holds (every file the family
+    may write while it holds none yet). A two-expert model writes ``pytorch_lora_weights_transformer_2.safetensors``
+    for its second expert, loaded with ``load_into_transformer_2=True``; with ``train_experts`` high or low only one
+    of its two files exists."""
+    calls = family.lora_load_calls
+    held = [kw for kw in calls if (out_dir / kw.get("weight_name", "pytorch_lora_weights.safetensors")).is_file()]
+    return [f"pipe.load_lora_weights({str(out_dir)!r}{''.join(f', {k}={v!r}' for k, v in kw.items())})"
+            for kw in held or calls]
 
 
 def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:

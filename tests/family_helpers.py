@@ -164,6 +164,8 @@ def _flux1_call(model: Any, cond: Cond, noise: torch.Tensor, guidance_scale: flo
 PIPELINE_CALLS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any, torch.Tensor], torch.Tensor]]] = {
     "sd3": (_sd3_call, lambda model, latents: latents),
     "wan22_ti2v_5b": (_wan_call, lambda model, latents: latents),
+    "wan21_t2v": (_wan_call, lambda model, latents: latents),
+    "wan22_t2v_a14b": (_wan_call, lambda model, latents: latents),
     "qwen_image": (_qwen_image_call, _unpack_2x2_latents),
     "zimage": (_zimage_call, lambda model, latents: latents),
     "flux2_klein": (_flux2_klein_call, _flux2_klein_latents),

@@ -216,6 +216,12 @@ _REWARD = {
     "max_concurrency": POSITIVE_INT,
     "required": Free("bool"),
 }
+def _low_noise_scale(fallback: str) -> Rule:
+    """A two-expert model's low-noise guidance scale: null (``fallback``'s value) or a number >= 1."""
+    return Rule(lambda g: g is None or (isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 1),
+                f"null (= {fallback}) or a scale >= 1 for the low-noise expert")
+
+
 _FAMILY = {
     "resolution": Rule(_is_resolution, "a positive int (square) or [height, width] of positive ints"),
     "num_frames": Rule(lambda n: n >= 1 and (n - 1) % 4 == 0, "4k+1 (1, 5, 9, ...; 1 = image)"),
@@ -223,6 +229,9 @@ _FAMILY = {
     "eval_num_steps": POSITIVE_INT,
     "guidance_scale": Range(low=1, meaning="1 = no classifier-free guidance"),
     "eval_guidance_scale": Range(low=1, meaning="1 = no classifier-free guidance"),
+    "guidance_scale_2": _low_noise_scale("guidance_scale"),
+    "eval_guidance_scale_2": _low_noise_scale("eval_guidance_scale"),
+    "train_experts": Choice(_registry("rlrunner.models.wan_a14b", "TRAIN_EXPERTS")),
     "negative_prompt": Free("any text"),
     "train_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),
     "eval_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),

@@ -258,6 +258,13 @@ class FamilyConfig:
     guidance: str = "auto"
     guidance_scale: float = 1.0
     eval_guidance_scale: float = 1.0
+    # two-expert models (Wan2.2 A14B): the low-noise expert's scales (null: the same as guidance_scale /
+    # eval_guidance_scale, as diffusers' WanPipeline); guidance is on only when the high-noise scale is > 1
+    guidance_scale_2: Any = None
+    eval_guidance_scale_2: Any = None
+    # two-expert models: which experts get LoRA adapters and train: both | high (transformer, sigma >= boundary)
+    # | low (transformer_2); an expert without adapters samples as the base model
+    train_experts: str = "both"
     negative_prompt: str = ""
     train_sampler: str = "dpm2"  # euler | dpm2
     eval_sampler: str = "euler"
@@ -299,6 +306,12 @@ class ModelConfig:
     sd3: FamilyConfig = field(default_factory=lambda: FamilyConfig(resolution=512, max_sequence_length=256))
     wan22_ti2v_5b: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(resolution=[704, 1280], max_sequence_length=512)
+    )
+    wan21_t2v: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=[480, 832], num_frames=81, max_sequence_length=512)
+    )
+    wan22_t2v_a14b: FamilyConfig = field(
+        default_factory=lambda: FamilyConfig(resolution=[480, 832], num_frames=81, max_sequence_length=512)
     )
     qwen_image: FamilyConfig = field(
         default_factory=lambda: FamilyConfig(resolution=512, lora_rank=64, lora_alpha=128, max_sequence_length=512)

@@ -140,6 +140,7 @@ def _check_family(cfg: DictConfig, base_dir: Path) -> None:
     if kind == "none" and (family_cfg.guidance_scale != 1 or family_cfg.eval_guidance_scale != 1):
         _fail(f"{key}.guidance=none samples without guidance, but guidance_scale={family_cfg.guidance_scale} / "
               f"eval_guidance_scale={family_cfg.eval_guidance_scale}; set both to 1.0 or choose another guidance")
+    _check_experts(family, family_cfg, key)
     folder = base_dir / Path(model.model_path).expanduser()
     if not (folder / "model_index.json").is_file():
         return  # a hub id, or a folder the loading worker reports on (it may exist only on the GPU nodes)
@@ -151,6 +152,21 @@ def _check_family(cfg: DictConfig, base_dir: Path) -> None:
         return  # a layout the family's shape rules do not read here; loading the model reports what is wrong
     except (ValueError, FileNotFoundError) as err:
         _fail(f"{key}: {err}" if not str(err).startswith("actor.model") else str(err))
+
+
+def _check_experts(family: Any, family_cfg: DictConfig, key: str) -> None:
+    """The two-expert keys (Wan2.2 A14B) only where a family has experts, and a low-noise scale only where guidance
+    is on: WanPipeline guides only when the high-noise guidance_scale is > 1, whatever guidance_scale_2 says."""
+    if not family.expert_components:
+        for name, unset in (("guidance_scale_2", None), ("eval_guidance_scale_2", None), ("train_experts", "both")):
+            if family_cfg[name] != unset:
+                _fail(f"{key}.{name}={family_cfg[name]!r} applies to a model with two experts (wan22_t2v_a14b); "
+                      f"{family.model_type} has one denoiser: remove it")
+        return
+    for scale, low in (("guidance_scale", "guidance_scale_2"), ("eval_guidance_scale", "eval_guidance_scale_2")):
+        if family_cfg[low] is not None and family_cfg[low] != 1 and family_cfg[scale] <= 1:
+            _fail(f"{key}.{low}={family_cfg[low]} but {scale}={family_cfg[scale]}: the pipeline guides (both experts) "
+                  f"only when {scale} > 1; set {scale} > 1 or {low} to null")
 
 
 def _component_configs(folder: Path, index: dict[str, Any]) -> dict[str, dict[str, Any]]:

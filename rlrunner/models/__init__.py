@@ -19,6 +19,8 @@ MODEL_FAMILIES: dict[str, str] = {
     "tiny": "rlrunner.models.tiny:TinyFlowModel",
     "sd3": "rlrunner.models.sd3:SD3FlowModel",
     "wan22_ti2v_5b": "rlrunner.models.wan:WanFlowModel",
+    "wan21_t2v": "rlrunner.models.wan:Wan21FlowModel",
+    "wan22_t2v_a14b": "rlrunner.models.wan_a14b:WanA14BFlowModel",
     "qwen_image": "rlrunner.models.qwen_image:QwenImageFlowModel",
     "zimage": "rlrunner.models.zimage:ZImageFlowModel",
     "flux2_klein": "rlrunner.models.flux2_klein:Flux2KleinFlowModel",

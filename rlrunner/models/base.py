@@ -98,6 +98,11 @@ class FlowModel(abc.ABC):
     lora_target_modules: tuple[str, ...] = ()
     #: the pipeline's name of the denoiser, which prefixes the keys of its LoRA files
     lora_component: str = "transformer"
+    #: the pipeline's ``load_lora_weights`` keyword arguments, one call per file :meth:`save_lora` may write (a
+    #: two-expert family writes a second file for its second expert)
+    lora_load_calls: tuple[dict[str, Any], ...] = ({},)
+    #: the pipeline components of a denoiser made of experts routed by sigma (empty: one denoiser)
+    expert_components: tuple[str, ...] = ()
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
     #: the guidance kinds (:data:`GUIDANCE_KINDS` but ``auto``) this family's pipeline supports; the first is the
@@ -253,14 +258,18 @@ class FlowModel(abc.ABC):
         adapter: str | None = EMA_ADAPTER,
         return_trajectory: bool = False,
         observer: VelocityObserver | None = None,
+        guidance_scale_2: float | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Integrate the flow ODE from ``noise`` (t = 1) to a clean latent (t = 0).
 
         cond: ``[B, ...]`` tensors; noise: ``[B, *latent_shape]`` (float32 keeps the update math in fp32); guidance
-        as in :meth:`guided_velocity_fn` (an ``observer`` sees the guided velocity, see :func:`sample_flow`).
+        as in :meth:`guided_velocity_fn`, ``guidance_scale_2`` too (an ``observer`` sees the guided velocity, see
+        :func:`sample_flow`).
         Returns x0 ``[B, *latent_shape]`` (and the N + 1 states if ``return_trajectory``).
         """
-        velocity_fn = self.guided_velocity_fn(cond, guidance_scale, negative_cond)
+        # the second scale only where one is set (validation allows it only for a family with experts)
+        low_noise = {} if guidance_scale_2 is None else {"guidance_scale_2": guidance_scale_2}
+        velocity_fn = self.guided_velocity_fn(cond, guidance_scale, negative_cond, **low_noise)
         with self.use_adapter(adapter):
             return sample_flow(velocity_fn, noise, self.sigmas(num_steps, noise.device), sampler=sampler,
                                return_trajectory=return_trajectory, observer=observer)
@@ -281,14 +290,15 @@ class FlowModel(abc.ABC):
             self._sigmas[num_steps] = tuple(sigmas.tolist())
         return torch.tensor(self._sigmas[num_steps], dtype=torch.float32, device=device)
 
-    def guided_velocity_fn(self, cond: Cond, guidance_scale: float = 1.0,
-                           negative_cond: Cond | None = None) -> VelocityFn:
+    def guided_velocity_fn(self, cond: Cond, guidance_scale: float = 1.0, negative_cond: Cond | None = None,
+                           guidance_scale_2: float | None = None) -> VelocityFn:
         """``(x [B, ...], t [B]) -> v`` with whatever adapter is active, for the samplers.
 
         By :attr:`guidance`: ``cfg`` with ``guidance_scale > 1`` runs the ``negative_cond`` and conditional halves
         in one batched call and combines them with :meth:`combine_guidance` (``negative_cond`` defaults to
         ``cfg.negative_prompt`` and may have batch 1); ``embedded`` passes the scale to the denoiser; ``none``
-        (or a scale of 1) is one plain pass.
+        (or a scale of 1) is one plain pass. ``guidance_scale_2``: the low-noise expert's scale of a family with
+        :attr:`expert_components` (None: ``guidance_scale``); one denoiser has no use for it.
         """
         kind = self.guidance
         if kind == "none" and guidance_scale != 1.0:
@@ -404,6 +414,12 @@ class FlowModel(abc.ABC):
         """Put the ``default`` and ``ema`` LoRA adapters (same init, float32) on the denoiser, base frozen."""
         self.lora = LoraAdapters(self.transformer, self.lora_target_modules, rank, alpha,
                                  exclude_modules=self.lora_exclude_modules(self.transformer))
+
+    @classmethod
+    def adapted_components(cls, family_cfg: Any) -> tuple[str, ...]:
+        """The pipeline components that get LoRA adapters at ``family_cfg``'s settings (the memory plan counts
+        them): the denoiser, or the experts a two-expert family trains."""
+        return cls.expert_components or (cls.lora_component,)
 
     @classmethod
     def lora_exclude_modules(cls, denoiser: nn.Module) -> tuple[str, ...]:

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-#: the pipeline components a denoiser-only model (the actor's) loads
-DENOISER_PARTS = ("transformer", "scheduler")
+#: the pipeline components a denoiser-only model (the actor's) loads (transformer_2: the second expert of a
+#: two-expert model; absent elsewhere)
+DENOISER_PARTS = ("transformer", "transformer_2", "scheduler")
 
 
 def read_model_index(model_path: str) -> dict[str, Any] | None:
@@ -81,7 +82,10 @@ def load_family_pipeline(family: Any, model_path: str, dtype: torch.dtype, denoi
         vae = load_pipeline(getattr(diffusers, family.vae_class_name), path, subfolder="vae", dtype=torch.float32)
         return load_pipeline(pipeline_cls, path, vae=vae, dtype=dtype)
     index = load_pipeline(pipeline_cls, path, "load_config")
-    skipped = {name: None for name in index if not name.startswith("_") and name not in DENOISER_PARTS}
+    # components are [library, class] entries; other keys (Wan's expand_timesteps, boundary_ratio) are the
+    # pipeline's own settings and load as saved
+    skipped = {name: None for name, entry in index.items()
+               if not name.startswith("_") and isinstance(entry, (list, tuple)) and name not in DENOISER_PARTS}
     pipe = load_pipeline(pipeline_cls, path, dtype=dtype, **skipped)
     pipe.skipped_configs = skipped_component_configs(path, index, skipped)
     return pipe

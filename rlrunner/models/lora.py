@@ -93,7 +93,7 @@ def saved_config(target_modules: tuple[str, ...], rank: int, alpha: int, init: s
 
 
 def write_lora(directory: str, state: dict[str, torch.Tensor], config: dict[str, Any], loader_class_name: str,
-               component: str) -> None:
+               component: str, weight_name: str | None = None) -> None:
     """Write one adapter's tensors (a :meth:`LoraAdapters.state_dict`) so that the pipeline's
     ``load_lora_weights(directory)`` loads them; needs no model, only its tensors and settings.
 
@@ -103,6 +103,7 @@ def write_lora(directory: str, state: dict[str, torch.Tensor], config: dict[str,
     ``config`` (:meth:`LoraAdapters.config_dict`) goes into the safetensors metadata, so the loader applies the
     same ``alpha / rank`` scale as training did; its targets are the modules the file holds (not the family's
     target suffixes, which also match modules a family leaves without LoRA: the loader would add empty ones).
+    ``weight_name``: the file's name (default: diffusers' ``pytorch_lora_weights.safetensors``).
     """
     import diffusers.loaders
     from diffusers.utils import convert_state_dict_to_diffusers
@@ -112,7 +113,7 @@ def write_lora(directory: str, state: dict[str, torch.Tensor], config: dict[str,
         state = convert_state_dict_to_diffusers(state)
     state = {k: v.contiguous() for k, v in state.items()}
     loader = getattr(diffusers.loaders, loader_class_name)
-    loader.save_lora_weights(directory, safe_serialization=True, **{
+    loader.save_lora_weights(directory, safe_serialization=True, weight_name=weight_name, **{
         f"{component}_lora_layers": state, f"{component}_lora_adapter_metadata": config})
 
 
@@ -214,14 +215,24 @@ class LoraAdapters:
         Raises ``FileNotFoundError`` (nothing readable at ``path``) or ``ValueError`` (another rank / alpha scale,
         or tensors that do not fit), each naming ``path``.
         """
+        state = self.read(path, loader_class_name, component)
+        for adapter in adapters:
+            self.load_state_dict(adapter, state)
+
+    def read(self, path: str, loader_class_name: str, component: str,
+             weight_name: str | None = None) -> dict[str, torch.Tensor]:
+        """The tensors of a diffusers-format LoRA file (``weight_name`` in the folder ``path``; default: the
+        loader's own file name), keyed as :meth:`state_dict`; errors as :meth:`load`'s, and a LoRA trained at
+        another ``alpha / rank`` scale than this model's is refused."""
         import diffusers.loaders
         from diffusers.utils import convert_unet_state_dict_to_peft
 
         loader = getattr(diffusers.loaders, loader_class_name)
+        where = f"lora_path {path!r}" + (f" ({weight_name})" if weight_name else "")
         try:
-            loaded = loader.lora_state_dict(path, return_lora_metadata=True)
+            loaded = loader.lora_state_dict(path, weight_name=weight_name, return_lora_metadata=True)
         except (OSError, ValueError) as err:
-            raise FileNotFoundError(f"lora_path {path!r}: cannot read a diffusers LoRA there "
+            raise FileNotFoundError(f"{where}: cannot read a diffusers LoRA there "
                                     f"({str(err).splitlines()[0]})") from err
         state, metadata = loaded[0], loaded[-1]  # UNet pipelines also return network alphas in between
         prefix = f"{component}."
@@ -232,8 +243,7 @@ class LoraAdapters:
         ours = self.config_dict(TRAINED_ADAPTER)
         theirs = metadata.get("lora_alpha", ours["lora_alpha"]) / metadata.get("r", ours["r"])
         if metadata and theirs != ours["lora_alpha"] / ours["r"]:
-            raise ValueError(f"lora_path {path!r} was trained with rank {metadata.get('r')} / alpha "
+            raise ValueError(f"{where} was trained with rank {metadata.get('r')} / alpha "
                              f"{metadata.get('lora_alpha')}, the recipe sets lora_rank {ours['r']} / lora_alpha "
                              f"{ours['lora_alpha']}; make them match")
-        for adapter in adapters:
-            self.load_state_dict(adapter, state)
+        return state

@@ -1,10 +1,16 @@
-"""Wan2.2 TI2V-5B (``model_type: wan22_ti2v_5b``): WanTransformer3DModel + AutoencoderKLWan + UMT5.
+"""Wan text-to-video with one transformer: WanTransformer3DModel + AutoencoderKLWan + UMT5.
+
+Two folder layouts of ``diffusers.WanPipeline`` (told apart by :func:`wan_layout`; the two-expert Wan2.2 A14B is
+:mod:`rlrunner.models.wan_a14b`, on the same code):
+
+* ``wan22_ti2v_5b``: Wan2.2 TI2V-5B, ``expand_timesteps: true``, 48-channel VAE with 16x spatial compression;
+* ``wan21_t2v``: Wan2.1 T2V 1.3B / 14B, one timestep per sample, 16-channel VAE with 8x spatial compression.
 
 Mirrors ``diffusers.WanPipeline`` for text-to-video (``condition_mode: t2v``):
 
 * ``num_frames`` = 4k + 1 (1 = a single image, decoded as ``[B, H, W, 3]``); latent frames
-  ``1 + (num_frames - 1) / 4`` (4x temporal VAE); latent size ``H/16 x W/16`` with 48 channels (the 5B
-  model's VAE: 16x spatial compression).
+  ``1 + (num_frames - 1) / 4`` (4x temporal VAE); latent size ``H/s x W/s`` with the VAE's
+  ``scale_factor_spatial`` s and ``z_dim`` channels.
 * the transformer gets ``timestep = 1000 * sigma``; with the pipeline config's ``expand_timesteps`` (Wan2.2
   TI2V) it is expanded to one timestep per patch token, ``[B, F * (h/2) * (w/2)]``, exactly as the pipeline
   builds it from its all-ones t2v mask.
@@ -30,6 +36,22 @@ from rlrunner.models.base import (
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 CONDITION_MODES = ("t2v",)
+#: what each Wan layout's model_index.json looks like, for the one-line errors
+LAYOUTS = {
+    "wan22_ti2v_5b": "Wan2.2 TI2V-5B (one transformer, expand_timesteps: true)",
+    "wan21_t2v": "Wan2.1 T2V (one transformer, no expand_timesteps, no transformer_2)",
+    "wan22_t2v_a14b": "Wan2.2 A14B (two experts: transformer_2 and boundary_ratio)",
+}
+
+
+def wan_layout(index: dict[str, Any]) -> str:
+    """Which Wan family a WanPipeline ``model_index.json`` (or a loaded pipeline's config) is: a second expert
+    (``transformer_2`` or ``boundary_ratio`` set) -> ``wan22_t2v_a14b``; ``expand_timesteps`` -> ``wan22_ti2v_5b``;
+    else ``wan21_t2v``. Folders saved before diffusers knew these keys lack them: Wan2.1."""
+    second = index.get("transformer_2")
+    if (isinstance(second, (list, tuple)) and any(second)) or index.get("boundary_ratio") is not None:
+        return "wan22_t2v_a14b"
+    return "wan22_ti2v_5b" if index.get("expand_timesteps") else "wan21_t2v"
 
 
 def latent_num_frames(num_frames: int, temporal_factor: int = 4) -> int:
@@ -42,7 +64,7 @@ def latent_num_frames(num_frames: int, temporal_factor: int = 4) -> int:
 
 
 class WanFlowModel(FlowModel):
-    """Wan2.2 TI2V-5B behind :class:`~rlrunner.models.base.FlowModel`.
+    """Wan2.2 TI2V-5B behind :class:`~rlrunner.models.base.FlowModel` (and the base of the other Wan layouts).
 
     Conditioning: ``prompt_embeds [B, max_sequence_length, 4096]``. Latents: ``[B, 48, F', H/16, W/16]``,
     ``F' = 1 + (num_frames - 1) / 4``.
@@ -63,21 +85,33 @@ class WanFlowModel(FlowModel):
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
         if family_cfg.condition_mode not in CONDITION_MODES:
-            raise ValueError(f"wan22_ti2v_5b condition_mode {family_cfg.condition_mode!r} is not supported; "
+            raise ValueError(f"{self.model_type} condition_mode {family_cfg.condition_mode!r} is not supported; "
                              f"valid: {list(CONDITION_MODES)}")
-        if pipe.transformer_2 is not None or pipe.config.boundary_ratio is not None:
-            raise ValueError("this Wan checkpoint has two experts (transformer_2 / boundary_ratio, Wan2.2 A14B); "
-                             "model_type wan22_ti2v_5b needs the single-transformer TI2V-5B checkpoint")
+        # a hub id's index is checked only here, on the loaded pipeline
+        self.check_model_index({**pipe.config, "_class_name": type(pipe).__name__}, "the loaded pipeline")
         self.pipe = pipe
-        self.transformer = pipe.transformer
+        self.transformer = self.denoiser(pipe)
         self.vae = pipe.vae
         self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
         self.expand_timesteps = bool(pipe.config.expand_timesteps)
         self.height, self.width = resolution_hw(family_cfg.resolution)
         self.num_frames = int(family_cfg.num_frames)
-        self.patch_size = tuple(self.transformer.config.patch_size)
+        self.patch_size = tuple(pipe.transformer.config.patch_size)
         self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
+
+    @classmethod
+    def check_model_index(cls, index: dict[str, Any], where: str) -> None:
+        """A WanPipeline folder of this family's layout (:func:`wan_layout`), else one line naming both."""
+        super().check_model_index(index, where)
+        found = wan_layout(index)
+        if found != cls.model_type:
+            raise ValueError(f"{where} holds a {LAYOUTS[found]} WanPipeline, but model_type {cls.model_type!r} "
+                             f"expects {LAYOUTS[cls.model_type]}; use model_type {found!r} (or auto)")
+
+    def denoiser(self, pipe: Any) -> torch.nn.Module:
+        """The module :meth:`_predict_velocity` calls (the two-expert family wraps both experts in one)."""
+        return pipe.transformer
 
     @property
     def is_video(self) -> bool:
@@ -96,7 +130,7 @@ class WanFlowModel(FlowModel):
         spatial, patch = int(vae["scale_factor_spatial"]), tuple(transformer["patch_size"])
         num_frames = int(family_cfg.num_frames)
         frames = latent_num_frames(num_frames, int(vae["scale_factor_temporal"]))
-        check_divisible(height, width, spatial * patch[1], "wan22_ti2v_5b")
+        check_divisible(height, width, spatial * patch[1], cls.model_type)
         latent = (int(transformer["in_channels"]), frames, height // spatial, width // spatial)
         text_tokens = int(family_cfg.max_sequence_length)
         return SampleShapes(
@@ -151,3 +185,10 @@ class WanFlowModel(FlowModel):
                 videos.append(to_uint8(video))
         videos = np.concatenate(videos)
         return videos if self.is_video else videos[:, 0]
+
+
+class Wan21FlowModel(WanFlowModel):
+    """Wan2.1 T2V (1.3B / 14B) behind :class:`~rlrunner.models.base.FlowModel`: the TI2V-5B code without
+    ``expand_timesteps`` (one timestep per sample, read from the folder). Latents ``[B, 16, F', H/8, W/8]``."""
+
+    model_type = "wan21_t2v"

@@ -66,7 +66,8 @@ class Objective(abc.ABC):
         """:meth:`FlowModel.sample` with the recipe's training sampler, steps, guidance and :attr:`sampling_adapter`."""
         family = self.family
         return model.sample(cond, noise, sampler=family.train_sampler, num_steps=family.num_steps,
-                            guidance_scale=family.guidance_scale, adapter=self.sampling_adapter, **kwargs)
+                            guidance_scale=family.guidance_scale, guidance_scale_2=family.guidance_scale_2,
+                            adapter=self.sampling_adapter, **kwargs)
 
     def begin_update(self, model: FlowModel) -> None:
         """Called on every actor rank at the start of each update, before its loss passes (the adapters change

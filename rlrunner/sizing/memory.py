@@ -79,7 +79,8 @@ class ModelSizes:
     lora_params: int  # one adapter
     shapes: SampleShapes
     hidden_size: int | None  # transformer width h (None: not a transformer, e.g. the tiny UNet)
-    num_layers: int | None
+    num_layers: int | None  # blocks of one denoiser (each sample runs through one expert's)
+    experts: int = 1  # denoisers routed by sigma (Wan2.2 A14B: 2), all held on the device
 
     def cond_bytes(self, rows: int) -> int:
         """Conditioning of ``rows`` samples (or prompts): every tensor of :attr:`SampleShapes.cond`."""
@@ -127,24 +128,29 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     # the recipe's precision on an accelerator; a run pinned to the CPU computes in fp32 unless told otherwise
     device = torch.device("cpu" if model_cfg.device == "cpu" else "cuda")  # any accelerator: only its kind counts
     dtype = resolve_dtype(model_cfg.precision, device, model_cfg.half_precision_on_cpu)
-    denoiser = build_on_meta(components[denoiser_name])
+    # a denoiser of experts (Wan2.2 A14B: transformer and transformer_2) counts all of them; LoRA goes on those the
+    # recipe adapts
+    names = [n for n in family.expert_components if n in components] or [denoiser_name]
+    denoisers = {name: build_on_meta(components[name]) for name in names}
     config = components[denoiser_name].config
     text_encoders = {name: module_bytes(build_on_meta(c, dtype), dtype) for name, c in components.items()
-                     if name not in (denoiser_name, VAE_NAME)}
+                     if name not in (*names, VAE_NAME)}
     heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
     width = heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else config.get("dim")
     blocks = sum(int(config.get(key) or 0) for key in BLOCK_COUNT_KEYS) or None
     return ModelSizes(
         dtype=dtype,
-        denoiser_bytes=module_bytes(denoiser, dtype),
-        denoiser_params=sum(p.numel() for p in denoiser.parameters()),
+        denoiser_bytes=sum(module_bytes(d, dtype) for d in denoisers.values()),
+        denoiser_params=sum(p.numel() for d in denoisers.values() for p in d.parameters()),
         text_encoder_bytes=text_encoders,
         vae_bytes=module_bytes(build_on_meta(components[VAE_NAME]), FP32) if VAE_NAME in components else 0,
-        lora_params=lora_parameter_count(denoiser, family.lora_target_modules, int(family_cfg.lora_rank),
-                                         int(family_cfg.lora_alpha), family.lora_exclude_modules(denoiser)),
+        lora_params=sum(lora_parameter_count(d, family.lora_target_modules, int(family_cfg.lora_rank),
+                                             int(family_cfg.lora_alpha), family.lora_exclude_modules(d))
+                        for name, d in denoisers.items() if name in family.adapted_components(family_cfg)),
         shapes=shapes,
         hidden_size=width if isinstance(width, int) else None,
         num_layers=blocks if denoiser_name == "transformer" else None,
+        experts=len(denoisers),
     )
 
 
@@ -260,7 +266,8 @@ def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpo
              f"x0 + x_t fp32 and conditioning for {mb} samples", transient=True),
     ])
     if shards > 1 and sizes.num_layers:
-        plan.parts.append(Part("actor", "fsdp2 all-gathered blocks", 2 * sizes.denoiser_bytes // sizes.num_layers,
+        block = sizes.denoiser_bytes // (sizes.num_layers * sizes.experts)
+        plan.parts.append(Part("actor", "fsdp2 all-gathered blocks", 2 * block,
                                "two unsharded blocks at a time (current + prefetch)", transient=True))
     plan.activation_bytes = activation_bytes(sizes, mb, training=True, checkpointing=checkpointing)
     plan.activation_detail = (f"training, micro-batch {mb}, gradient checkpointing "

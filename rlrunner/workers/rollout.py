@@ -102,7 +102,8 @@ class RolloutWorker:
             x0, kept = self.objective.rollout(self.model, cond_per_sample, noise, generator_on_device)
         else:
             x0 = self.model.sample(cond_per_sample, noise, sampler=cfg.eval_sampler, num_steps=cfg.eval_num_steps,
-                                   guidance_scale=cfg.eval_guidance_scale, adapter=TRAINED_ADAPTER)
+                                   guidance_scale=cfg.eval_guidance_scale,
+                                   guidance_scale_2=cfg.eval_guidance_scale_2, adapter=TRAINED_ADAPTER)
         images = torch.from_numpy(np.ascontiguousarray(self.model.decode(x0)))
         prompt_index = torch.arange(len(prompts)).repeat_interleave(group_size)
         rows = range(len(prompts)) if rows is None else rows

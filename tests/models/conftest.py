@@ -82,6 +82,47 @@ def write_tiny_wan(directory: str | Path) -> Path:
     return Path(directory)
 
 
+def _tiny_wan21_transformer(seed: int):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=16,
+                                 out_channels=16, text_dim=32, freq_dim=32, ffn_dim=32, num_layers=1,
+                                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+
+
+def _write_tiny_wan21_layout(directory: str | Path, second_expert: bool) -> Path:
+    """Wan2.1 T2V layout (16-channel 8x VAE, no expand_timesteps, UniPC at the Diffusers folders' flow_shift 3.0);
+    with ``second_expert``, Wan2.2 A14B's: a second transformer and boundary_ratio 0.875 (at 2 steps of that
+    schedule, sigmas 1 and 0.75, the pipeline switches expert at the second step)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    transformer = _tiny_wan21_transformer(0)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], latents_mean=[0.1] * 16, latents_std=[2.0] * 16)
+    te_cfg = UMT5Config(vocab_size=80, d_model=32, d_kv=8, d_ff=37, num_layers=1, num_heads=4,
+                        relative_attention_num_buckets=8, decoder_start_token_id=0)
+    experts = {"transformer_2": _tiny_wan21_transformer(1), "boundary_ratio": 0.875} if second_expert else {}
+    pipe = WanPipeline(
+        transformer=transformer, vae=vae, text_encoder=UMT5EncoderModel(te_cfg), tokenizer=t5_tokenizer(),
+        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0),
+        **experts,
+    )
+    pipe.save_pretrained(directory)
+    return Path(directory)
+
+
+def write_tiny_wan21(directory: str | Path) -> Path:
+    """Wan2.1 T2V (1.3B / 14B) layout: one WanTransformer3DModel (16 ch), AutoencoderKLWan (8x/4x), UMT5."""
+    return _write_tiny_wan21_layout(directory, second_expert=False)
+
+
+def write_tiny_wan_a14b(directory: str | Path) -> Path:
+    """Wan2.2 T2V-A14B layout: Wan2.1's components with a second expert (transformer_2, boundary_ratio 0.875)."""
+    return _write_tiny_wan21_layout(directory, second_expert=True)
+
+
 #: Qwen-Image's published scheduler config: shifted by exp(mu), mu from the image token count, stretched to end at
 #: 0.02 before the final 0 (so the tiny folder exercises the pipeline's dynamic schedule)
 QWEN_IMAGE_SCHEDULER = {"use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 0.9, "base_image_seq_len": 256,
@@ -224,6 +265,8 @@ def write_tiny_flux1(directory: str | Path, schnell: bool = False) -> Path:
 TINY_WRITERS: dict[str, Callable[[str | Path], Path]] = {
     "sd3": write_tiny_sd3,
     "wan22_ti2v_5b": write_tiny_wan,
+    "wan21_t2v": write_tiny_wan21,
+    "wan22_t2v_a14b": write_tiny_wan_a14b,
     "qwen_image": write_tiny_qwen_image,
     "zimage": write_tiny_zimage,
     "flux2_klein": write_tiny_flux2_klein,
@@ -235,6 +278,8 @@ TINY_WRITERS: dict[str, Callable[[str | Path], Path]] = {
 TINY_FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
     "sd3": {"resolution": 16, "max_sequence_length": 8},
     "wan22_ti2v_5b": {"resolution": 32, "num_frames": 5, "max_sequence_length": 8},
+    "wan21_t2v": {"resolution": 32, "num_frames": 5, "max_sequence_length": 8},
+    "wan22_t2v_a14b": {"resolution": 32, "num_frames": 5, "max_sequence_length": 8},
     "qwen_image": {"resolution": 32, "max_sequence_length": 256},
     "zimage": {"resolution": 16, "max_sequence_length": 64},
     "flux2_klein": {"resolution": 32, "max_sequence_length": 64},

@@ -11,7 +11,7 @@ import pytest
 
 from rlrunner.config.errors import RecipeError
 
-FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image", "zimage", "flux2_klein", "flux1"]
+FAMILIES = ["sd3", "wan22_ti2v_5b", "wan21_t2v", "wan22_t2v_a14b", "qwen_image", "zimage", "flux2_klein", "flux1"]
 
 
 def _one_line(err: pytest.ExceptionInfo) -> str:

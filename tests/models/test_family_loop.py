@@ -24,7 +24,7 @@ from runner_helpers import train_metrics
 from rlrunner.runner import run
 from tests.models.conftest import TINY_FAMILY_SETTINGS
 
-FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image", "zimage", "flux2_klein", "flux1"]
+FAMILIES = ["sd3", "wan22_ti2v_5b", "wan21_t2v", "wan22_t2v_a14b", "qwen_image", "zimage", "flux2_klein", "flux1"]
 ALGORITHMS = ["nft", "flow_grpo", "awm"]
 SPLIT = ("cluster.backend=ray", "cluster.num_devices_per_node=3",
          "cluster.component_placement={actor: 0, rollout: 1, env: 2}")

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OCR_DATA = ROOT / "examples" / "diffusion" / "data" / "ocr"
 RECIPES = ["sd3_nft_ocr", "wan22_ti2v_5b_nft_ocr", "wan22_ti2v_5b_nft_video_ocr", "qwen_image_nft_ocr"]
 RECIPES += ["zimage_nft_ocr"]
+RECIPES += ["wan22_t2v_a14b_nft_video_ocr"]
 
 
 def _load(name: str, *extra: str):
@@ -71,6 +72,18 @@ def test_wan_recipes(name):
         assert num_chunks(wan.num_frames, reward.frame_interval) == latent_num_frames(wan.num_frames) == 2
     else:
         assert wan.num_frames == 1 and cfg.env.train.reward.model == "ocr"
+
+
+def test_wan22_a14b_recipe_trains_both_experts_at_480p_81_frames():
+    cfg = _load("wan22_t2v_a14b_nft_video_ocr")
+    a14b = cfg.actor.model.wan22_t2v_a14b
+    assert cfg.actor.model.model_path == "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+    assert (list(a14b.resolution), a14b.num_frames, a14b.train_experts) == ([480, 832], 81, "both")
+    assert (a14b.eval_guidance_scale, a14b.eval_guidance_scale_2) == (4.0, 3.0)  # Wan2.2-A14B T2V: high 4, low 3
+    assert a14b.gradient_checkpointing and cfg.actor.strategy == "fsdp2"
+    assert list(cfg.algorithm.nft_tau) == [1.0, 0.01, 0, 70] and cfg.algorithm.nft_clip_ratio == 0.1  # the 5B's
+    reward = cfg.env.train.reward
+    assert num_chunks(a14b.num_frames, reward.frame_interval) == latent_num_frames(a14b.num_frames) == 21
 
 
 def test_qwen_image_recipe():

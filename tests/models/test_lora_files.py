@@ -33,7 +33,7 @@ def _perturbed(model):
     return model
 
 
-@pytest.fixture(params=["tiny", "sd3", "wan22_ti2v_5b", "qwen_image", "flux1"])
+@pytest.fixture(params=["tiny", "sd3", "wan22_ti2v_5b", "wan22_t2v_a14b", "qwen_image", "flux1"])
 def model_and_cfg(request, load_tiny, tmp_path_factory):
     if request.param == "tiny":  # rlrunner's own family: a UNet, whose files use diffusers' older key names
         family_cfg = OmegaConf.structured(ModelConfig).tiny
@@ -51,7 +51,11 @@ def test_files_written_from_tensors_alone_equal_the_models_own(model_and_cfg, tm
     model.save_lora(str(tmp_path / "by_model"), TRAINED_ADAPTER, state)
     type(model).write_lora_files(str(tmp_path / "by_driver"), state, family_cfg)
     written = sorted(p.name for p in (tmp_path / "by_driver").iterdir())
-    assert written == sorted(p.name for p in (tmp_path / "by_model").iterdir()) == ["pytorch_lora_weights.safetensors"]
-    header, data = _header_and_data(tmp_path / "by_driver" / written[0])
-    assert (header, data) == _header_and_data(tmp_path / "by_model" / written[0])
-    assert json.loads(header["__metadata__"]["lora_adapter_metadata"])[f"{model.lora_component}.r"] == family_cfg.lora_rank
+    # one file, or one per expert (A14B: the second expert's is pytorch_lora_weights_transformer_2.safetensors)
+    expected = sorted(kw.get("weight_name", "pytorch_lora_weights.safetensors") for kw in model.lora_load_calls)
+    assert written == sorted(p.name for p in (tmp_path / "by_model").iterdir()) == expected
+    for name in written:
+        header, data = _header_and_data(tmp_path / "by_driver" / name)
+        assert (header, data) == _header_and_data(tmp_path / "by_model" / name)
+        metadata = json.loads(header["__metadata__"]["lora_adapter_metadata"])
+        assert metadata[f"{model.lora_component}.r"] == family_cfg.lora_rank

@@ -18,7 +18,8 @@ from rlrunner.models.tiny_text import write_random_tiny
 PROMPTS = ['a sign that says "42"', 'the word "rl" on a wall']
 
 
-@pytest.fixture(params=["tiny", "sd3", "wan22_ti2v_5b", "qwen_image", "zimage", "flux2_klein", "flux1"])
+@pytest.fixture(params=["tiny", "sd3", "wan22_ti2v_5b", "wan22_t2v_a14b", "qwen_image", "zimage", "flux2_klein",
+                        "flux1"])
 def model(request, load_tiny, tmp_path_factory):
     if request.param == "tiny":
         cfg = OmegaConf.structured(FamilyConfig(resolution=[16, 32], shift=1.0, lora_rank=4, lora_alpha=8,

@@ -36,6 +36,8 @@ FAMILIES += ("zimage", "flux2_klein")
 RECIPES |= {"zimage": "zimage_nft_ocr", "flux2_klein": "flux2_klein_nft_ocr"}
 FAMILIES += ("flux1",)
 RECIPES |= {"flux1": "flux1_dev_nft_ocr"}
+FAMILIES += ("wan22_t2v_a14b",)
+RECIPES |= {"wan22_t2v_a14b": "wan22_t2v_a14b_nft_video_ocr"}
 TINY_FOLDER = Path("examples/diffusion/models/tiny-ocr-flow")
 
 
