@@ -29,6 +29,7 @@ from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_datasets
+from rlrunner.data_plane import RolloutParts
 from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.models import TRAINED_ADAPTER
@@ -39,7 +40,7 @@ from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
-from rlrunner.workers.rollout import RolloutWorker, shard_parts
+from rlrunner.workers.rollout import RolloutWorker
 
 logger = logging.getLogger("rlrunner")
 # keyword that each advantage estimator takes for algorithm.advantage_mode
@@ -65,7 +66,7 @@ class Runner:
         optimizer_steps = self.max_steps * samples_per_step // cfg.actor.global_batch_size
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg, optimizer_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
-                                     algorithm_cfg=alg)
+                                     algorithm_cfg=alg, context_parallel_size=cfg.rollout.context_parallel_size)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env))
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.run_logger = RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
@@ -163,40 +164,44 @@ class Runner:
         """Sample ``group_size`` images per prompt and score them; scoring round k overlaps the rollout of round k+1.
 
         Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
-        shard per rollout worker, its samples into one slice per scorer thread of each env worker
-        (:meth:`submit_reward`), and (training) each shard's training rows into one part per actor rank, by the
-        step's :class:`TrainPlan` (known before the rollout: it depends only on the seed and ``step``).
+        shard per rollout group (one worker, or ``rollout.context_parallel_size`` workers sampling together), its
+        samples into one slice per scorer thread of each env worker (:meth:`submit_reward`), and (training) each
+        shard's training rows into one part per actor data-parallel group, by the step's :class:`TrainPlan` (known
+        before the rollout: it depends only on the seed and ``step``).
 
-        Each rollout shard's result stays with its worker (Ray's object store), cut there into parts: the scored
-        images go to the env workers, each actor rank's rows to that rank in :meth:`update`, and the driver
-        fetches only the samples it logs. What the driver holds of the rest are :class:`Handle` s.
+        Each rollout shard's result stays with its worker (Ray's object store), cut there into the named parts of
+        :class:`RolloutParts`: the scored images go to the env workers, each actor group's rows to the ranks of that
+        group in :meth:`update`, and the driver fetches only the samples it logs. What the driver holds of the rest
+        are :class:`Handle` s.
         """
         self.turns.hand_to("rollout")
-        n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
+        rollout_cp = self.cfg.rollout.context_parallel_size
+        n_shards, split = self.rollout.world_size // rollout_cp, "train" if mode == "train" else "eval"
         rounds = [prompts]
-        if self.cfg.runner.async_reward and len(prompts) % (2 * n_rollout) == 0:
+        if self.cfg.runner.async_reward and len(prompts) % (2 * n_shards) == 0:
             rounds = split_evenly(prompts, 2)
         plan = None
         if mode == "train":
             plan = TrainPlan.build(self.cfg.runner.seed, step, len(prompts) * group_size,
-                                   self.cfg.actor.global_batch_size, self.actor.world_size)
+                                   self.cfg.actor.global_batch_size, self.actor.world_size,
+                                   self.cfg.actor.context_parallel_size)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
-        train: list[list[Handle[Batch]]] = [[] for _ in range(self.actor.world_size if plan else 0)]
+        train: list[list[Handle[Batch]]] = [[] for _ in range(plan.groups if plan else 0)]
         logged: list[Batch] = []
         tickets, start = [], 0
         for index, round_prompts in enumerate(rounds):
-            shards = split_evenly(round_prompts, n_rollout)
+            shards = split_evenly(round_prompts, n_shards)
             sizes = [len(shard) * group_size for shard in shards]
             offsets = np.cumsum([start, *sizes[:-1]]).tolist()
             with timer("rollout"):
-                parts = self.rollout.scatter_async(
-                    "generate", [(p, group_size, step, index, mode) for p in shards],
-                    per_rank_parts=[shard_parts(plan, offset, n, to_log) for offset, n in zip(offsets, sizes)])
-                for_env, for_logs = parts.part(len(train)), parts.part(len(train) + 1)
-                logged += for_logs.get()  # waits for the round's rollout
-            for rank, handles in enumerate(train):
-                handles += parts.part(rank).handles()
-            tickets.append(self.submit_reward(for_env.handles(), sizes, split))
+                parts = RolloutParts(self.rollout.scatter_async(
+                    "generate", [(p, group_size, step, index, mode) for p in shards for _ in range(rollout_cp)],
+                    per_rank_parts=RolloutParts.per_rank_cuts(plan, offsets, sizes, to_log, rollout_cp)),
+                    len(train), rollout_cp)
+                logged += parts.logged()  # waits for the round's rollout
+            for group, handles in enumerate(train):
+                handles += parts.train(group)
+            tickets.append(self.submit_reward(parts.scored(), sizes, split))
             start += sum(sizes)
             if not self.cfg.runner.async_reward:
                 with timer("reward"):
@@ -247,8 +252,8 @@ class Runner:
         self.turns.hand_to("actor")
         plan = rollout.plan
         metrics = _mean_dicts(self.actor.scatter("update", [
-            (rollout.train[rank], plan.local_index(rank), plan.positions[rank], advantages[plan.samples(rank)],
-             self.step) for rank in range(self.actor.world_size)
+            (rollout.train[plan.group_of(rank)], plan.local_index(rank), plan.group_positions(rank),
+             advantages[plan.samples(rank)], self.step) for rank in range(self.actor.world_size)
         ]))
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
         if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
@@ -358,7 +363,8 @@ class Runner:
 class Rollout:
     """A rollout as the driver holds it: handles, never the tensors, except the few samples it logs."""
 
-    # train[r]: actor rank r's rows of every rollout shard's RolloutOutput.train, in sample order (none for eval)
+    # train[g]: actor data-parallel group g's rows of every rollout shard's RolloutOutput.train, in sample order (each
+    # rank of the group fetches them; none for eval)
     train: list[list[Handle[Batch]]]
     plan: TrainPlan | None  # who trains what (training rollouts only)
     logged: Batch  # images and prompts of the first runner.num_logged_samples samples (none when not logging)

@@ -244,6 +244,8 @@ _FAMILY = {
     "gradient_checkpointing": Free("bool"),
     "offload_text_encoder": Free("bool"),
     "offload_vae": Free("bool"),
+    "vae_tiling": Free("bool"),
+    "vae_slicing": Free("bool"),
 }
 _SPLIT = {
     "total_num_envs": POSITIVE_INT,
@@ -326,6 +328,9 @@ KEY_CHECKS: dict[str, Check] = {
     "actor.global_batch_size": POSITIVE_INT,
     "actor.seed": SEED,
     "actor.strategy": Choice(_registry("rlrunner.cluster.parallelize", "ENGINES")),
+    "actor.context_parallel_size": POSITIVE_INT,  # and the model's heads and tokens (validate._check_context_parallel)
+    "actor.context_parallel_mode": Choice(_registry("rlrunner.cluster.context_parallel", "CP_MODES")),
+    "rollout.context_parallel_size": POSITIVE_INT,
     "actor.model.model_path": Elsewhere("_check_model (a local folder or a hub id)"),
     "actor.model.model_type": Choice(_registry("rlrunner.models", "MODEL_FAMILIES")),
     "actor.model.precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),

@@ -258,6 +258,10 @@ class FamilyConfig:
     # free text encoders after prompts are encoded and move the VAE to host memory between decodes
     offload_text_encoder: bool = False
     offload_vae: bool = False
+    # decode large frames in overlapping spatial tiles (Wan's VAE decodes frame by frame, so its memory follows
+    # H x W; tiling bounds it), and one video of a decode batch at a time
+    vae_tiling: bool = False
+    vae_slicing: bool = False
 
 
 @dataclass
@@ -303,11 +307,25 @@ class ActorConfig:
     seed: int = 42
     # data-parallel engine of the actor ranks: ddp (one replica per rank) | fsdp2 (base weights sharded per block)
     strategy: str = "ddp"
+    # actor ranks that split one sample's token sequence (context parallelism through diffusers' _cp_plan hooks;
+    # README "Long sequences"): the ranks form dp x cp groups, a group trains the same samples; global_batch_size
+    # still counts samples
+    context_parallel_size: int = 1
+    # ulysses (the attention heads are split over the group: heads % cp == 0) | ring (needs an attention backend
+    # that returns the log-sum-exp; not the default native one)
+    context_parallel_mode: str = "ulysses"
     # the actor workers hold only what they train (denoiser + LoRA adapters + optimizer state): text encoders and
     # VAE are freed when they start, since no actor feature needs them (they train on the rollout's latents and
     # its text conditioning, sent once per prompt); the rollout workers keep them
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class RolloutConfig:
+    # rollout devices that sample one image or video together (Ulysses context parallelism, inference only); the
+    # rollout workers form groups of this many, each group one rollout shard
+    context_parallel_size: int = 1
 
 
 @dataclass
@@ -317,3 +335,4 @@ class RecipeConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -47,6 +47,12 @@ def unpack_latents(packed: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return latents.reshape(b, channels // 4, h, w)
 
 
+def pad_text(embeds: torch.Tensor, mask: torch.Tensor, multiple: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, L, D]`` embeddings and their ``[B, L]`` mask zero-padded to a multiple of ``multiple`` tokens."""
+    pad = -embeds.shape[1] % multiple
+    return F.pad(embeds, (0, 0, 0, pad)), F.pad(mask, (0, pad))
+
+
 class QwenImageFlowModel(FlowModel):
     """Qwen-Image behind :class:`~rlrunner.models.base.FlowModel`.
 
@@ -116,13 +122,15 @@ class QwenImageFlowModel(FlowModel):
     def _predict_velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
         """latents ``[B, C, h, w]``, t ``[B]`` sigmas -> v ``[B, C, h, w]`` (model dtype)."""
         batch, _, h, w = latents.shape
-        mask = cond.get("prompt_mask")
+        embeds, mask = cond["prompt_embeds"], cond.get("prompt_mask")
+        if self.context_parallel_size > 1:  # the CP plan splits the text too: pad it to whole slices, masked out
+            embeds, mask = pad_text(embeds, mask, self.context_parallel_size)
         if mask is not None and bool(mask.all()):
             mask = None  # as the pipeline: no mask when nothing is padded
         packed = self.transformer(
             hidden_states=pack_latents(latents.to(self.dtype)),
             timestep=t.to(self.dtype),
-            encoder_hidden_states=cond["prompt_embeds"],
+            encoder_hidden_states=embeds,
             encoder_hidden_states_mask=mask,
             img_shapes=[[(1, h // 2, w // 2)]] * batch,
             return_dict=False,

@@ -32,6 +32,8 @@ class ActorWorker:
     in micro-batches with gradient accumulation, through torch's DDP or FSDP2 (``actor.strategy``, see
     :mod:`rlrunner.cluster.parallelize`), which average the gradients over ranks. Each sample's training noise
     is seeded by its global index in the step's batch, so the result does not depend on the number of ranks.
+    With ``actor.context_parallel_size`` ``cp > 1``, ``cp`` consecutive ranks form a group that trains the same
+    samples, each rank one slice of every sample's token sequence (:mod:`rlrunner.cluster.context_parallel`).
     Methods that gather full tensors (``ema_update`` aside, everything that returns adapters or optimizer state)
     must be called on every rank; rank 0 returns the result. The actor writes no files: the driver writes the
     checkpoint (adapters in diffusers' format included) from what :meth:`state_dict` returns.
@@ -48,6 +50,7 @@ class ActorWorker:
 
         self.cfg, self.alg = actor_cfg, algorithm_cfg
         self.rank, self.world_size = rank, world_size
+        self.data_parallel_size = world_size // actor_cfg.context_parallel_size  # groups that train their own samples
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
         self.objective = build_objective(algorithm_cfg, self.family_cfg)
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
@@ -55,7 +58,8 @@ class ActorWorker:
         # loads neither text encoders nor VAE (not even into host memory)
         self.model = build_model(actor_cfg.model, denoiser_only=True)
         init_distributed(rank, world_size, self.model.device.type)
-        self.engine = parallelize(self.model, actor_cfg.strategy, world_size)
+        self.engine = parallelize(self.model, actor_cfg.strategy, world_size, actor_cfg.context_parallel_size,
+                                  actor_cfg.context_parallel_mode)
         self.params = self.model.trainable_parameters()  # after parallelize: FSDP2 swaps them for their shards
         optim = actor_cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
@@ -73,12 +77,12 @@ class ActorWorker:
         """Train on this rank's samples (see :mod:`rlrunner.sample_order`): rows ``index`` (int64 ``[n]``, in
         training order) of ``rollout``, this rank's training parts of the rollout shards joined in order (``x0``,
         per-prompt ``cond.*``), with their positions in the step's shuffled order ``sample_index`` ``[n]`` (seeds of
-        their training noise) and ``advantages`` ``[n]`` or ``[n, K]``. The k-th ``global_batch_size / world_size``
-        samples belong to optimizer step k."""
+        their training noise) and ``advantages`` ``[n]`` or ``[n, K]``. The k-th ``global_batch_size / groups``
+        samples belong to optimizer step k (the ranks of a context-parallel group receive the same samples)."""
         batch = Batch.cat(rollout).select(index)
         batch.tensors.update(advantages=advantages, sample_index=sample_index)
         self.objective.begin_update(self.model)
-        local_batch = self.cfg.global_batch_size // self.world_size
+        local_batch = self.cfg.global_batch_size // self.data_parallel_size
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         for opt_batch in batch.split(local_batch):
@@ -94,11 +98,12 @@ class ActorWorker:
         passes = [(micro, draw) for micro in batch.split(self.cfg.micro_batch_size) for draw in range(draws)]
         for index, (micro, draw) in enumerate(passes):
             # this rank's loss is the mean over its samples; the engine averages the ranks' gradients (equal
-            # sample counts), reducing them once per optimizer step, after its last backward
+            # sample counts), reducing them once per optimizer step, after its last backward (gradient_scale:
+            # a context-parallel group's gradient is the sum of its ranks')
             share = len(micro) / len(batch) / draws
             with self.engine.accumulate(sync=index == len(passes) - 1):
                 loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw), draw)
-                (loss * share).backward()
+                (loss * (share * self.engine.gradient_scale)).backward()
             for name, value in micro_metrics.items():
                 metrics[name] += value * share
         grad_norm = self.engine.clip_grad_norm(self.params, self.cfg.optim.clip_grad)
