@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlrunner.cluster.context_parallel import parallel_mesh  # noqa: E402
+from rlrunner.cluster.context_parallel import apply_context_parallel, parallel_mesh
 
 # columns of torch.profiler._memory_profiler.MemoryProfileTimeline's coalesced sizes (index 0 is unused)
 CATEGORY_COLUMNS = {"parameter": 1, "optimizer_state": 2, "input": 3, "temporary": 4, "activation": 5,
@@ -82,8 +82,6 @@ def rank_main(rank: int, cp: int, port: int, args: argparse.Namespace, out: str)
     torch.set_num_threads(1)
     model = build_transformer(args)
     if cp > 1:
-        from rlrunner.cluster.context_parallel import apply_context_parallel
-
         torch.distributed.init_process_group("gloo", rank=rank, world_size=cp)
         apply_context_parallel(model, parallel_mesh("cpu", cp, cp, "ulysses"))
     batch = inputs(args)

@@ -321,8 +321,9 @@ def env_plan(env_cfg: Any) -> ComponentPlan:
 
 def host_buffer_parts(sizes: ModelSizes, geometry: StepGeometry) -> list[Part]:
     """One step's rollout result per rollout worker (host memory of its node; tensors return as CPU tensors)."""
-    rows = geometry.samples // geometry.rollout_workers
-    prompts = geometry.prompts // geometry.rollout_workers
+    shards = geometry.rollout_workers // geometry.rollout_cp  # a context-parallel group's first rank holds its shard
+    rows = geometry.samples // shards
+    prompts = geometry.prompts // shards
     parts = [
         Part("rollout", "x0", sizes.latent_bytes(rows), f"[{rows}, {', '.join(map(str, sizes.shapes.latent))}] fp32"),
         Part("rollout", "conditioning, once per prompt", sizes.cond_bytes(prompts),

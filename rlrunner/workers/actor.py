@@ -172,10 +172,9 @@ class ActorWorker:
         """The denoiser and optimizer state on the device for the block, and back in host memory after it if they
         were offloaded.
 
-        Everything that gathers (or loads) adapters or optimizer state runs in it: the process group's backend is
-        the device's (NCCL has no host-memory path), so a host tensor must never reach a collective (why not a
-        ``cpu:gloo,cuda:nccl`` group: :class:`rlrunner.device_turns.DeviceTurns`). The runner hands the actor the
-        device before such calls, the rollout leaving it first, so there this is a no-op; it guards other callers.
+        Everything that gathers (or loads) adapters or optimizer state runs in it, so that a host tensor never
+        reaches a collective: the contract is :class:`rlrunner.device_turns.DeviceTurns`'s, whose ``actor_call``
+        hands the actor the device first, so that there this is a no-op; it guards other callers.
         """
         offloaded = self.offloaded
         if offloaded:
