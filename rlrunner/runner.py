@@ -164,19 +164,15 @@ class Runner:
         """Sample ``group_size`` images per prompt and score them; scoring round k overlaps the rollout of round k+1.
 
         Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
-        shard per rollout group (one worker, or ``rollout.context_parallel_size`` workers sampling together), its
-        samples into one slice per scorer thread of each env worker (:meth:`submit_reward`), and (training) each
-        shard's training rows into one part per actor data-parallel group, by the step's :class:`TrainPlan` (known
-        before the rollout: it depends only on the seed and ``step``).
-
-        Each rollout shard's result stays with its worker (Ray's object store), cut there into the named parts of
-        :class:`RolloutParts`: the scored images go to the env workers, each actor group's rows to the ranks of that
-        group in :meth:`update`, and the driver fetches only the samples it logs. What the driver holds of the rest
-        are :class:`Handle` s.
+        shard per rollout group (``rollout.context_parallel_size`` workers), its samples into one slice per scorer
+        thread of each env worker (:meth:`submit_reward`), and (training) each shard's rows into one part per actor
+        group, by the step's :class:`TrainPlan` (it depends only on the seed and ``step``). Each shard's result stays
+        with its worker, cut there into the named parts of :class:`RolloutParts`; the driver holds :class:`Handle` s
+        and fetches only the samples it logs.
         """
         self.turns.hand_to("rollout")
-        rollout_cp = self.cfg.rollout.context_parallel_size
-        n_shards, split = self.rollout.world_size // rollout_cp, "train" if mode == "train" else "eval"
+        rollout_cp, split = self.cfg.rollout.context_parallel_size, "train" if mode == "train" else "eval"
+        n_shards = self.rollout.world_size // rollout_cp
         rounds = [prompts]
         if self.cfg.runner.async_reward and len(prompts) % (2 * n_shards) == 0:
             rounds = split_evenly(prompts, 2)
@@ -363,8 +359,7 @@ class Runner:
 class Rollout:
     """A rollout as the driver holds it: handles, never the tensors, except the few samples it logs."""
 
-    # train[g]: actor data-parallel group g's rows of every rollout shard's RolloutOutput.train, in sample order (each
-    # rank of the group fetches them; none for eval)
+    # train[g]: actor group g's rows of every rollout shard's RolloutOutput.train, in sample order (none for eval)
     train: list[list[Handle[Batch]]]
     plan: TrainPlan | None  # who trains what (training rollouts only)
     logged: Batch  # images and prompts of the first runner.num_logged_samples samples (none when not logging)

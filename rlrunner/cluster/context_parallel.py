@@ -126,14 +126,6 @@ def denoiser_class(pipeline_class_name: str) -> type | None:
                  and c is not type(None)), None)
 
 
-def families_with_cp_plan() -> list[str]:
-    """The model families (``actor.model.model_type``) whose denoiser has a diffusers ``_cp_plan``."""
-    from rlrunner.models import MODEL_FAMILIES, model_class
-
-    return [name for name in MODEL_FAMILIES
-            if has_cp_plan(denoiser_class(model_class(name).pipeline_class_name) or object)]
-
-
 def attention_backend() -> str:
     """The attention backend diffusers' processors use unless set per model (``DIFFUSERS_ATTN_BACKEND``)."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry

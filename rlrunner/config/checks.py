@@ -244,8 +244,7 @@ _FAMILY = {
     "gradient_checkpointing": Free("bool"),
     "offload_text_encoder": Free("bool"),
     "offload_vae": Free("bool"),
-    "vae_tiling": Free("bool"),
-    "vae_slicing": Free("bool"),
+    "vae_tiling": Free("bool"), "vae_slicing": Free("bool"),
 }
 _SPLIT = {
     "total_num_envs": POSITIVE_INT,

@@ -210,14 +210,8 @@ def _check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
     sizes = {"actor": cfg.actor.context_parallel_size, "rollout": cfg.rollout.context_parallel_size}
     if max(sizes.values()) == 1:
         return
-    from rlrunner.cluster.context_parallel import (
-        RING_BACKENDS,
-        attention_backend,
-        denoiser_class,
-        families_with_cp_plan,
-        has_cp_plan,
-    )
-    from rlrunner.models import model_class
+    from rlrunner.cluster.context_parallel import RING_BACKENDS, attention_backend, denoiser_class, has_cp_plan
+    from rlrunner.models import MODEL_FAMILIES, model_class
 
     model_type, family_cfg = cfg.actor.model.model_type, cfg.actor.model[cfg.actor.model.model_type]
     key = next(f"{role}.context_parallel_size={cp}" for role, cp in sizes.items() if cp > 1)
@@ -225,7 +219,7 @@ def _check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
     denoiser = denoiser_class(family.pipeline_class_name)
     if denoiser is None or not has_cp_plan(denoiser):
         _fail(f"{key}: the {model_type} denoiser ({getattr(denoiser, '__name__', 'none')}) has no diffusers _cp_plan; "
-              f"families with one: {', '.join(families_with_cp_plan())}")
+              f"families with one: {', '.join(f for f in MODEL_FAMILIES if has_cp_plan(_denoiser_of(f)))}")
     if cfg.actor.context_parallel_mode == "ring" and attention_backend() not in RING_BACKENDS:
         _fail(f"actor.context_parallel_mode=ring needs an attention backend that returns the log-sum-exp "
               f"({', '.join(RING_BACKENDS)}); this run's is {attention_backend()!r} (DIFFUSERS_ATTN_BACKEND); use "
@@ -236,6 +230,13 @@ def _check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
             mode = cfg.actor.context_parallel_mode if role == "actor" else "ulysses"
             if problem := _sequence_problem(family, family_cfg, folder, cp, mode):
                 _fail(f"{role}.context_parallel_size={cp} with actor.model.{model_type}: {problem}")
+
+
+def _denoiser_of(model_type: str) -> type:
+    from rlrunner.cluster.context_parallel import denoiser_class
+    from rlrunner.models import model_class
+
+    return denoiser_class(model_class(model_type).pipeline_class_name) or object
 
 
 def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int, mode: str) -> str | None:
