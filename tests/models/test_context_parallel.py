@@ -17,10 +17,12 @@ from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.rollout import RolloutWorker
 
 PROMPTS = ['a sign that says "2345"', 'a label that reads "hi"']
-# per family: settings whose token sequence splits over 2 ranks (Wan 2 latent frames x 2 x 2 patches = 8 tokens;
-# Qwen-Image 2 x 2 patches, its text padded to whole slices)
+# per family: settings whose token sequence splits over 2 ranks (Wan 2 latent frames x 2 x 2 patches = 8 tokens,
+# trained with gradient checkpointing, which recomputes each block's all-to-alls in backward; Qwen-Image 2 x 2
+# patches, its text padded to whole slices)
 FAMILIES = {
-    "wan22_ti2v_5b": ["resolution=64", "num_frames=5", "max_sequence_length=8", "shift=5.0"],
+    "wan22_ti2v_5b": ["resolution=64", "num_frames=5", "max_sequence_length=8", "shift=5.0",
+                      "gradient_checkpointing=true"],
     "qwen_image": ["resolution=32", "max_sequence_length=64", "shift=3.0"],
 }
 VIDEO = ["algorithm.adv_type=grpo_video", "algorithm.advantage_mode=video"]
@@ -128,6 +130,17 @@ def test_recipe_checks_say_what_cannot_be_split(tmp_path, tiny_dirs, monkeypatch
     assert "actor.context_parallel_size=2 does not divide the 3 actor devices" in _error(
         tmp_path, tiny_dirs, "wan22_ti2v_5b", "actor.context_parallel_size=2", "cluster.num_devices_per_node=3",
         "cluster.component_placement={'actor,env,rollout': all}")
+
+
+def test_vae_tiling_and_slicing_decode_the_same_frames(load_tiny):
+    """The options reach Wan's VAE; at the tiny size (below one 256-pixel tile) they decode the same pixels, to the
+    rounding of float32 (slicing decodes one video at a time)."""
+    plain = load_tiny("wan22_ti2v_5b", resolution=64, num_frames=5)
+    tiled = load_tiny("wan22_ti2v_5b", resolution=64, num_frames=5, vae_tiling=True, vae_slicing=True)
+    assert tiled.vae.use_tiling and tiled.vae.use_slicing and not plain.vae.use_tiling
+    latents = torch.randn((2, *plain.latent_shape), generator=torch.Generator().manual_seed(0))
+    difference = plain.decode(latents).astype(int) - tiled.decode(latents).astype(int)
+    assert abs(difference).max() <= 1 and (difference == 0).mean() > 0.99
 
 
 @pytest.mark.ray
