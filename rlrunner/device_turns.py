@@ -9,9 +9,21 @@ from typing import Any
 class DeviceTurns:
     """Hands the devices the actor and rollout groups share to one of them, the other waiting in host memory.
 
+    The contract, for every caller of the two groups (the runner):
+
+    - :meth:`hand_to` ``("rollout")`` before a rollout (``generate``), ``("actor")`` before an ``update``;
+    - every actor call in :attr:`GATHERING_CALLS` (it gathers or loads adapters or optimizer state, a collective of
+      the actor's process group) goes through :meth:`actor_call`, never ``actor.call``: collectives run on the
+      device the group was set up for (NCCL has no host-memory path), so the actor must hold the device then;
+    - everything else needs no turn: ``ema_update`` is local to each rank, and ``sync_weights`` copies host tensors
+      into the rollout's model wherever it is.
+
     ``enabled``: ``cluster.enable_offload`` with actor and rollout collocated; otherwise nothing moves. Until the
     first hand-over both models are on the device (as built).
     """
+
+    #: actor methods that gather (or load) full adapters or optimizer state on every rank
+    GATHERING_CALLS = ("lora_weights", "state_dict", "load_state_dict")
 
     def __init__(self, actor: Any, rollout: Any, enabled: bool) -> None:
         self.groups = {"actor": actor, "rollout": rollout}
@@ -32,14 +44,15 @@ class DeviceTurns:
             self.holder = role
 
     def actor_call(self, method: str, *args: Any) -> list[Any]:
-        """Call an actor method that gathers (or loads) its adapters or optimizer state, the actor on its device.
+        """Call one of :attr:`GATHERING_CALLS` on every actor rank, the actor on its device.
 
-        Gathers happen on the device the process group was set up for: NCCL has no host-memory path, so an actor
-        offloaded for the rollout (an eval right before a save) first gets the device back, the rollout leaving it
-        first: one model at a time on the device, one backend per group (a device-mapped ``cpu:gloo,cuda:nccl``
-        group would gather from host memory, over a second and slower transport). The next rollout takes the
-        device again. (The worker brings itself back too, :meth:`ActorWorker.on_device`, but next to the rollout.)
+        An actor offloaded for the rollout (an eval right before a save) first gets the device back, the rollout
+        leaving it first: one model at a time on the device, one backend per group (a device-mapped
+        ``cpu:gloo,cuda:nccl`` group would gather from host memory, over a second and slower transport). The next
+        rollout takes the device again. (The worker brings itself back too, ``ActorWorker.on_device``, but next to
+        the rollout.)
         """
+        assert method in self.GATHERING_CALLS, f"{method!r} does not gather; call the actor group directly"
         if self.holder == "rollout":
             self.hand_to("actor")
         return self.groups["actor"].call(method, *args)

@@ -38,7 +38,8 @@ from rlrunner.utils.device import npu_available
 EXIT_USER_ERROR = 2
 RUNNING_COMPONENTS = ("actor", "rollout")  # env holds no counted memory; it never defines a phase
 ACTIVATION_NOTE = (
-    "activations: formula estimate in the model dtype, s = image + text tokens per sample, h = hidden size, "
+    "activations: formula estimate in the model dtype, s = image tokens / cp + text tokens per sample on a rank (cp "
+    "= context_parallel_size), h = hidden size, "
     "L = blocks: training L*b*s*h + 17*b*s*h with gradient checkpointing (17*L*b*s*h without; Korthikanti et al. "
     "2022 with memory-efficient attention), sampling 8*b*s*h. Not included: VAE decode and text-encoder forward "
     "working memory, the CUDA context (~0.5-1 GiB per process), allocator fragmentation; the env's OCR engine "
@@ -100,7 +101,9 @@ def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_nam
          f"{placement.num_devices} device(s) ({placement.num_nodes} node(s) x {placement.devices_per_node})"),
         (f"step: {geometry.samples} samples = {geometry.prompts} prompts x group {geometry.group_size}; rollout: "
          f"{geometry.rollout_workers} worker(s), {geometry.samples_per_rollout_call} samples per generate call; "
-         f"actor: {geometry.actor_ranks} rank(s), micro-batch {geometry.micro_batch_size}"),
+         f"actor: {geometry.actor_ranks} rank(s), micro-batch {geometry.micro_batch_size}"
+         + (f"; context parallel: actor {geometry.actor_cp}, rollout {geometry.rollout_cp} device(s) per sample"
+            if max(geometry.actor_cp, geometry.rollout_cp) > 1 else "")),
         "",
     ]
     swap = bool(cfg.cluster.enable_offload) and placement.is_collocated("actor", "rollout")

@@ -30,6 +30,7 @@ from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_datasets
+from rlrunner.data_plane import RolloutParts
 from rlrunner.device_turns import DeviceTurns
 from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.models import TRAINED_ADAPTER
@@ -42,7 +43,7 @@ from rlrunner.supervisor import supervise
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
-from rlrunner.workers.rollout import RolloutWorker, shard_parts
+from rlrunner.workers.rollout import RolloutWorker
 
 logger = logging.getLogger("rlrunner")
 # actor.optim.lr_scheduler values whose learning rates do not depend on the run's length
@@ -77,7 +78,7 @@ class Runner:
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg,
                                    self.lr_schedule_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
-                                     algorithm_cfg=alg)
+                                     algorithm_cfg=alg, context_parallel_size=cfg.rollout.context_parallel_size)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env))
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.env.call("set_prompt_metadata", {split: data.metadata for split, data in datasets.items()})
@@ -182,42 +183,42 @@ class Runner:
         reward.
 
         Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
-        shard per rollout worker, its samples into one slice per scorer thread of each env worker
-        (:meth:`submit_reward`), and (training) each shard's training rows into one part per actor rank, by the
-        step's :class:`TrainPlan` (known before the rollout: it depends only on the seed and ``step``).
-
-        Each rollout shard's result stays with its worker (Ray's object store), cut there into parts: the scored
-        images go to the env workers, each actor rank's rows to that rank in :meth:`update`, and the driver
-        fetches only the samples it logs. What the driver holds of the rest are :class:`Handle` s.
+        shard per rollout group (``rollout.context_parallel_size`` workers), its samples into one slice per scorer
+        thread of each env worker (:meth:`submit_reward`), and (training) each shard's rows into one part per actor
+        group, by the step's :class:`TrainPlan` (it depends only on the seed and ``step``). Each shard's result stays
+        with its worker, cut there into the named parts of :class:`RolloutParts`; the driver holds :class:`Handle` s
+        and fetches only the samples it logs.
         """
         self.turns.hand_to("rollout")
-        n_rollout, split = self.rollout.world_size, "train" if mode == "train" else "eval"
+        rollout_cp, split = self.cfg.rollout.context_parallel_size, "train" if mode == "train" else "eval"
+        n_shards = self.rollout.world_size // rollout_cp
         texts = self.train_prompts if split == "train" else self.eval_prompts
         rounds = [rows]
-        if self.cfg.runner.async_reward and len(rows) % (2 * n_rollout) == 0:
+        if self.cfg.runner.async_reward and len(rows) % (2 * n_shards) == 0:
             rounds = split_evenly(rows, 2)
         plan = None
         if mode == "train":
             plan = TrainPlan.build(self.cfg.runner.seed, step, len(rows) * group_size,
-                                   self.cfg.actor.global_batch_size, self.actor.world_size)
+                                   self.cfg.actor.global_batch_size, self.actor.world_size,
+                                   self.cfg.actor.context_parallel_size)
         to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
-        train: list[list[Handle[Batch]]] = [[] for _ in range(self.actor.world_size if plan else 0)]
+        train: list[list[Handle[Batch]]] = [[] for _ in range(plan.groups if plan else 0)]
         logged: list[Batch] = []
         tickets, start = [], 0
         for index, round_rows in enumerate(rounds):
-            shards = split_evenly(round_rows, n_rollout)
+            shards = split_evenly(round_rows, n_shards)
             sizes = [len(shard) * group_size for shard in shards]
             offsets = np.cumsum([start, *sizes[:-1]]).tolist()
             with timer("rollout"):
-                parts = self.rollout.scatter_async(
-                    "generate",
-                    [([texts[r] for r in shard], group_size, step, index, mode, shard) for shard in shards],
-                    per_rank_parts=[shard_parts(plan, offset, n, to_log) for offset, n in zip(offsets, sizes)])
-                for_env, for_logs = parts.part(len(train)), parts.part(len(train) + 1)
-                logged += for_logs.get()  # waits for the round's rollout
-            for rank, handles in enumerate(train):
-                handles += parts.part(rank).handles()
-            tickets.append(self.submit_reward(for_env.handles(), sizes, split))
+                parts = RolloutParts(self.rollout.scatter_async(
+                    "generate", [([texts[r] for r in shard], group_size, step, index, mode, shard)
+                                 for shard in shards for _ in range(rollout_cp)],
+                    per_rank_parts=RolloutParts.per_rank_cuts(plan, offsets, sizes, to_log, rollout_cp)),
+                    len(train), rollout_cp)
+                logged += parts.logged()  # waits for the round's rollout
+            for group, handles in enumerate(train):
+                handles += parts.train(group)
+            tickets.append(self.submit_reward(parts.scored(), sizes, split))
             start += sum(sizes)
             if not self.cfg.runner.async_reward:
                 with timer("reward"):
@@ -268,8 +269,8 @@ class Runner:
         self.turns.hand_to("actor")
         plan = rollout.plan
         metrics = _mean_dicts(self.actor.scatter("update", [
-            (rollout.train[rank], plan.local_index(rank), plan.positions[rank], advantages[plan.samples(rank)],
-             self.step) for rank in range(self.actor.world_size)
+            (rollout.train[plan.group_of(rank)], plan.local_index(rank), plan.group_positions(rank),
+             advantages[plan.samples(rank)], self.step) for rank in range(self.actor.world_size)
         ]))
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["nonfinite"] > 0 else 0
         if self.nonfinite_in_a_row >= self.cfg.runner.max_nonfinite_steps:
@@ -429,7 +430,7 @@ class Runner:
 class Rollout:
     """A rollout as the driver holds it: handles, never the tensors, except the few samples it logs."""
 
-    # train[r]: actor rank r's rows of every rollout shard's RolloutOutput.train, in sample order (none for eval)
+    # train[g]: actor group g's rows of every rollout shard's RolloutOutput.train, in sample order (none for eval)
     train: list[list[Handle[Batch]]]
     plan: TrainPlan | None  # who trains what (training rollouts only)
     logged: Batch  # images and prompts of the first runner.num_logged_samples samples (none when not logging)

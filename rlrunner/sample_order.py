@@ -12,6 +12,10 @@ group contiguous): a sample's *index*. Then, depending only on (seed, step, ``N`
 4. **rows per rank**: as all of this is known before the rollout, each rollout shard returns one training part per
    actor rank, the rows that rank trains on (:meth:`TrainPlan.shard_rows`); a rank joins its parts in sample order
    and :meth:`TrainPlan.local_index` puts them in its training order. No rank fetches another rank's rows.
+5. **context parallelism** (``actor.context_parallel_size`` ``cp > 1``): the ``n`` actor ranks form ``n / cp``
+   data-parallel *groups* of ``cp`` consecutive ranks that train the same samples (each computes its slice of the
+   sequence), so everything above is per group: the windows are cut into ``n / cp`` slices, and a rollout shard
+   returns one part per group, which each rank of the group fetches once.
 
 So adapters do not depend on ``n``, and a rollout started a step early (``runner.rollout_ahead``) or replayed on
 resume is cut the same way. Pure torch: no Ray, no I/O.
@@ -53,23 +57,44 @@ def noise_seed(seed: int, step: int, position: int, draw: int) -> int:
 
 @dataclass(frozen=True)
 class TrainPlan:
-    """Who trains what in one step: ``order`` int64 ``[N]`` and ``positions[r]`` int64 ``[N / n]`` of rank r."""
+    """Who trains what in one step: ``order`` int64 ``[N]`` and ``positions[g]`` int64 ``[N / groups]`` of
+    data-parallel group g, whose ``context_parallel_size`` ranks ``g·cp .. g·cp + cp - 1`` train the same samples
+    (one rank per group without context parallelism)."""
 
     order: torch.Tensor
     positions: list[torch.Tensor]
+    context_parallel_size: int = 1
 
     @classmethod
-    def build(cls, seed: int, step: int, num_samples: int, global_batch_size: int, world_size: int) -> TrainPlan:
-        positions = optimizer_step_shards(num_samples, global_batch_size, world_size)
-        return cls(train_order(seed, step, num_samples), positions)
+    def build(cls, seed: int, step: int, num_samples: int, global_batch_size: int, world_size: int,
+              context_parallel_size: int = 1) -> TrainPlan:
+        """``world_size`` actor ranks in groups of ``context_parallel_size``."""
+        if world_size % context_parallel_size:
+            raise ValueError(f"{world_size} actor ranks cannot form groups of context_parallel_size "
+                             f"{context_parallel_size}")
+        positions = optimizer_step_shards(num_samples, global_batch_size, world_size // context_parallel_size)
+        return cls(train_order(seed, step, num_samples), positions, context_parallel_size)
+
+    @property
+    def groups(self) -> int:
+        """Data-parallel groups (each trains its own samples)."""
+        return len(self.positions)
 
     @property
     def world_size(self) -> int:
-        return len(self.positions)
+        """Actor ranks."""
+        return self.groups * self.context_parallel_size
+
+    def group_of(self, rank: int) -> int:
+        return rank // self.context_parallel_size
 
     def samples(self, rank: int) -> torch.Tensor:
-        """int64 ``[N / n]``: the sample indices rank ``rank`` trains on, in its training order."""
-        return self.order[self.positions[rank]]
+        """int64 ``[N / groups]``: the sample indices rank ``rank`` trains on, in its training order."""
+        return self.order[self.positions[self.group_of(rank)]]
+
+    def group_positions(self, rank: int) -> torch.Tensor:
+        """int64 ``[N / groups]``: the step positions (seeds of the training noise) of :meth:`samples`."""
+        return self.positions[self.group_of(rank)]
 
     def shard_rows(self, rank: int, start: int, size: int) -> list[int]:
         """Rows (ascending) of the shard holding samples ``[start, start + size)`` that rank ``rank`` trains on."""
@@ -77,7 +102,11 @@ class TrainPlan:
         inside = mine[(mine >= start) & (mine < start + size)]
         return (inside.sort().values - start).tolist()
 
+    def group_rows(self, group: int, start: int, size: int) -> list[int]:
+        """:meth:`shard_rows` of the ranks of data-parallel group ``group``."""
+        return self.shard_rows(group * self.context_parallel_size, start, size)
+
     def local_index(self, rank: int) -> torch.Tensor:
-        """int64 ``[N / n]``: where each of :meth:`samples` sits in the rank's parts joined in sample order."""
+        """int64 ``[N / groups]``: where each of :meth:`samples` sits in the rank's parts joined in sample order."""
         mine = self.samples(rank)
         return torch.searchsorted(mine.sort().values, mine)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlrunner.batch import Batch
+from rlrunner.data_plane import RolloutParts
 from rlrunner.sample_order import TrainPlan, noise_seed, optimizer_step_shards, train_order
 from rlrunner.utils.seeding import derive_seed
+from rlrunner.workers.rollout import RolloutOutput
 
 
 def test_each_rank_gets_its_rows_of_every_shard_and_puts_them_in_its_training_order():
@@ -46,3 +49,28 @@ def test_train_order_and_noise_seeds_depend_only_on_seed_step_and_position():
     assert torch.equal(order, expected)
     assert torch.equal(TrainPlan.build(11, 4, 16, 8, 2).order, order)
     assert noise_seed(11, 4, 5, 0) == derive_seed(11, "actor-noise", 4, 5, 0)
+
+
+def test_the_ranks_of_a_context_parallel_group_train_their_group_s_share():
+    """4 ranks in CP groups of 2 train as 2 data-parallel ranks would, each rank of a group the same rows."""
+    plan, dp = TrainPlan.build(3, 7, 8, 4, 4, context_parallel_size=2), TrainPlan.build(3, 7, 8, 4, 2)
+    assert (plan.groups, plan.world_size, [plan.group_of(r) for r in range(4)]) == (2, 4, [0, 0, 1, 1])
+    for rank in range(4):
+        group = rank // 2
+        assert torch.equal(plan.samples(rank), dp.samples(group))
+        assert torch.equal(plan.local_index(rank), dp.local_index(group))
+        assert torch.equal(plan.group_positions(rank), dp.positions[group])
+        assert plan.shard_rows(rank, 4, 4) == plan.group_rows(group, 4, 4) == dp.shard_rows(group, 4, 4)
+    with pytest.raises(ValueError, match="3 actor ranks cannot form groups of context_parallel_size 2"):
+        TrainPlan.build(3, 7, 8, 4, 3, context_parallel_size=2)
+
+
+def test_a_rollout_group_s_leader_cuts_its_shard_and_the_other_ranks_return_nothing():
+    plan = TrainPlan.build(3, 7, 8, 4, 2)
+    shard = RolloutOutput(train=Batch({"x0": torch.arange(4.0)}), scored=Batch({"images": torch.arange(4)}))
+    cuts = RolloutParts.per_rank_cuts(plan, offsets=[0, 4], sizes=[4, 4], to_log=1, context_parallel_size=2)
+    assert len(cuts) == 4 and all(len(c) == plan.groups + 2 for c in cuts)  # a part per actor group, scored, logged
+    assert all(cut(shard) is None for rank in (1, 3) for cut in cuts[rank])
+    for group in range(plan.groups):  # the leader of shard 0 (rank 0) cuts each actor group's rows of samples 0-3
+        assert cuts[0][group](shard).tensors["x0"].tolist() == [float(r) for r in plan.group_rows(group, 0, 4)]
+    assert cuts[0][plan.groups](shard) is shard.scored and len(cuts[0][-1](shard)) == 1 and len(cuts[2][-1](shard)) == 0

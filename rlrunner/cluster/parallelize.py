@@ -14,6 +14,12 @@ With one rank nothing is wrapped: the engine calls the model directly (the singl
 formed a process group of one (``actor.one_rank_group``): then the strategy's engine runs over a one-rank mesh, so
 FSDP2's DTensors and collectives are exercised on one device.
 
+With ``actor.context_parallel_size`` ``cp > 1`` the ranks form a ``dp × cp`` mesh
+(:mod:`rlrunner.cluster.context_parallel`): the CP hooks go on the denoiser first, then DDP (over all ranks) or
+FSDP2 (sharding over all ranks of the same mesh) wraps it. The ``cp`` ranks of a group train the same samples,
+each backward giving its sequence slice's share of their gradient, so the engine scales the loss by ``cp``
+(:attr:`Engine.gradient_scale`): the engines' mean over ``dp·cp`` ranks is then the mean over the ``dp`` groups.
+
 The model files know nothing of this: the DDP wrapper is a thin module that calls ``model.velocity``, and FSDP2
 hooks the denoiser's own modules in place. Every rank must make the same engine calls in the same order
 (forwards, backwards, :meth:`Engine.clip_grad_norm`, and gathering full tensors for checkpoints and weight sync).
@@ -32,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlrunner.cluster.context_parallel import flat_mesh, parallel_mesh
 from rlrunner.sample_order import optimizer_step_shards  # noqa: F401  (re-exported, see the docstring)
 
 
@@ -44,8 +51,11 @@ class Engine:
     gradients in place and returns their total norm (the same number on every rank).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, context_parallel_size: int = 1) -> None:
         self.model = model
+        #: multiplies each rank's loss before backward: ``cp``, since a CP group's gradient is the sum of its ranks'
+        #: (each backward covers one slice of the sequence) and the engines average over every rank
+        self.gradient_scale = context_parallel_size
 
     def velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
         """``v_θ(x_t, t)``: latents ``[B, *latent_shape]``, t ``[B]`` -> ``[B, *latent_shape]``."""
@@ -72,9 +82,12 @@ class _TrainedVelocity(nn.Module):
 
 
 class DDPEngine(Engine):
-    def __init__(self, model: Any, world_size: int) -> None:
-        super().__init__(model)
-        # buffers are identical on every rank (same files, same seeded LoRA init): no per-forward broadcast
+    def __init__(self, model: Any, mesh: Any, context_parallel_size: int) -> None:
+        super().__init__(model, context_parallel_size)
+        # buffers are identical on every rank (same files, same seeded LoRA init): no per-forward broadcast. Every
+        # LoRA tensor gets a gradient in every backward (a family leaves no adapter where the model discards the
+        # output, and an idle expert gets a zero one: tests/models/test_family_parallel.py), so no unused-parameter
+        # search per step
         self.ddp = nn.parallel.DistributedDataParallel(_TrainedVelocity(model), forward_sync_buffers=False)
 
     def velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -87,12 +100,11 @@ class DDPEngine(Engine):
 
 
 class FSDP2Engine(Engine):
-    def __init__(self, model: Any, world_size: int) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
+    def __init__(self, model: Any, mesh: Any, context_parallel_size: int) -> None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        super().__init__(model)
-        mesh = init_device_mesh(model.device.type, (world_size,))
+        super().__init__(model, context_parallel_size)
+        mesh = flat_mesh(mesh)  # every rank, CP groups included, holds a shard
         # the base weights are already stored in actor.model.precision and the LoRA tensors in float32 (see
         # models/base.py), so each is gathered and computed in its own dtype; gradients are reduced in float32
         policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
@@ -129,8 +141,10 @@ def transformer_blocks(transformer: nn.Module) -> list[nn.Module]:
     return blocks[::-1]  # modules() lists parents before children; fully_shard wants children first
 
 
-def parallelize(model: Any, strategy: str, world_size: int, *, one_rank_group: bool = False) -> Engine:
-    """Apply ``strategy`` (``ddp`` | ``fsdp2``) to ``model`` (a FlowModel) over the default process group.
+def parallelize(model: Any, strategy: str, world_size: int, context_parallel_size: int = 1,
+                context_parallel_mode: str = "ulysses", *, one_rank_group: bool = False) -> Engine:
+    """Apply ``strategy`` (``ddp`` | ``fsdp2``) to ``model`` (a FlowModel) over the default process group, its
+    ranks in CP groups of ``context_parallel_size`` (``ulysses`` | ``ring``, :mod:`~rlrunner.cluster.context_parallel`).
 
     Call after ``init_distributed`` and before building the optimizer: FSDP2 replaces the parameters by their
     shards, so the optimizer must be given ``model.trainable_parameters()`` afterwards. With one rank the model is
@@ -138,7 +152,12 @@ def parallelize(model: Any, strategy: str, world_size: int, *, one_rank_group: b
     """
     if strategy not in ENGINES:
         raise ValueError(f"actor.strategy={strategy!r} is not valid; choose one of {list(ENGINES)}")
-    return ENGINES[strategy](model, world_size) if world_size > 1 or one_rank_group else Engine(model)
+    if world_size == 1 and not one_rank_group:
+        return Engine(model)
+    mesh = parallel_mesh(model.device.type, world_size, context_parallel_size, context_parallel_mode)
+    if context_parallel_size > 1:
+        model.enable_context_parallel(mesh)  # hooks first, on the modules FSDP2 then shards
+    return ENGINES[strategy](model, mesh, context_parallel_size)
 
 
 def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

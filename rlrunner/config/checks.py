@@ -249,6 +249,7 @@ _FAMILY = {
     "offload_vae": Free("bool"),
     "cfg_truncation": Range(low=0, meaning="zimage: no guidance once 1 - sigma exceeds it; 1.0 = never"),
     "cfg_normalization": Range(low=0, meaning="zimage: cap on the guided / conditional norm ratio; 0 = off"),
+    "vae_tiling": Free("bool"), "vae_slicing": Free("bool"),
 }
 _SPLIT = {
     "total_num_envs": POSITIVE_INT,
@@ -335,6 +336,9 @@ KEY_CHECKS: dict[str, Check] = {
     "actor.seed": SEED,
     "actor.strategy": Choice(_registry("rlrunner.cluster.parallelize", "ENGINES")),
     "actor.one_rank_group": Free("bool"),
+    "actor.context_parallel_size": POSITIVE_INT,  # and the model's heads and tokens (validate._check_context_parallel)
+    "actor.context_parallel_mode": Choice(_registry("rlrunner.cluster.context_parallel", "CP_MODES")),
+    "rollout.context_parallel_size": POSITIVE_INT,
     "actor.model.model_path": InPathTable("a local folder or a hub id"),
     "actor.model.model_type": Choice(_registry("rlrunner.models", "MODEL_FAMILIES", first=("auto",))),
     "actor.model.precision": Choice(_registry("rlrunner.utils.device", "PRECISIONS")),

@@ -287,6 +287,10 @@ class FamilyConfig:
     # the conditional one's norm (0 = off; the pipeline's cfg_normalization=True is 1.0)
     cfg_truncation: float = 1.0
     cfg_normalization: float = 0.0
+    # decode large frames in overlapping spatial tiles (Wan's VAE decodes frame by frame, so its memory follows
+    # H x W; tiling bounds it), and one video of a decode batch at a time
+    vae_tiling: bool = False
+    vae_slicing: bool = False
 
 
 @dataclass
@@ -354,11 +358,25 @@ class ActorConfig:
     # with one actor rank, still form a process group (of one) and wrap the model in actor.strategy's engine, so that
     # fsdp2 shards into DTensors over a one-rank mesh: the device check exercises FSDP2 on one GPU (slower otherwise)
     one_rank_group: bool = False
+    # actor ranks that split one sample's token sequence (context parallelism through diffusers' _cp_plan hooks;
+    # README "Long sequences"): the ranks form dp x cp groups, a group trains the same samples; global_batch_size
+    # still counts samples
+    context_parallel_size: int = 1
+    # ulysses (the attention heads are split over the group: heads % cp == 0) | ring (needs an attention backend
+    # that returns the log-sum-exp; not the default native one)
+    context_parallel_mode: str = "ulysses"
     # the actor workers hold only what they train (denoiser + LoRA adapters + optimizer state): text encoders and
     # VAE are freed when they start, since no actor feature needs them (they train on the rollout's latents and
     # its text conditioning, sent once per prompt); the rollout workers keep them
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class RolloutConfig:
+    # rollout devices that sample one image or video together (Ulysses context parallelism, inference only); the
+    # rollout workers form groups of this many, each group one rollout shard
+    context_parallel_size: int = 1
 
 
 @dataclass
@@ -368,3 +386,4 @@ class RecipeConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -270,12 +270,82 @@ def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, 
     return parts
 
 
+def _check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
+    """Context parallelism needs a denoiser with a diffusers ``_cp_plan``, heads divisible by the Ulysses degree,
+    a token count divisible by the CP degree, and for ring an attention backend that returns the log-sum-exp."""
+    sizes = {"actor": cfg.actor.context_parallel_size, "rollout": cfg.rollout.context_parallel_size}
+    if max(sizes.values()) == 1:
+        return
+    from rlrunner.cluster.context_parallel import RING_BACKENDS, attention_backend, denoiser_class, has_cp_plan
+    from rlrunner.models import MODEL_FAMILIES, model_class
+
+    model_type, family_cfg = cfg.actor.model.model_type, cfg.actor.model[cfg.actor.model.model_type]
+    key = next(f"{role}.context_parallel_size={cp}" for role, cp in sizes.items() if cp > 1)
+    family = model_class(model_type)
+    denoiser = denoiser_class(family.pipeline_class_name)
+    if denoiser is None or not has_cp_plan(denoiser):
+        _fail(f"{key}: the {model_type} denoiser ({getattr(denoiser, '__name__', 'none')}) has no diffusers _cp_plan; "
+              f"families with one: {', '.join(f for f in MODEL_FAMILIES if has_cp_plan(_denoiser_of(f)))}")
+    if cfg.actor.context_parallel_mode == "ring" and attention_backend() not in RING_BACKENDS:
+        _fail(f"actor.context_parallel_mode=ring needs an attention backend that returns the log-sum-exp "
+              f"({', '.join(RING_BACKENDS)}); this run's is {attention_backend()!r} (DIFFUSERS_ATTN_BACKEND); use "
+              f"actor.context_parallel_mode=ulysses")
+    folder = base_dir / Path(cfg.actor.model.model_path).expanduser()
+    if (folder / "model_index.json").is_file():
+        for role, cp in sizes.items():
+            mode = cfg.actor.context_parallel_mode if role == "actor" else "ulysses"
+            if problem := _sequence_problem(family, family_cfg, folder, cp, mode):
+                _fail(f"{role}.context_parallel_size={cp} with actor.model.{model_type}: {problem}")
+
+
+def _denoiser_of(model_type: str) -> type:
+    from rlrunner.cluster.context_parallel import denoiser_class
+    from rlrunner.models import model_class
+
+    return denoiser_class(model_class(model_type).pipeline_class_name) or object
+
+
+def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int, mode: str) -> str | None:
+    """Why ``cp`` ranks cannot split this family's sequence at ``family_cfg``'s size (the nearest sizes that they
+    can, when the token count is the problem), or None."""
+    from rlrunner.cluster.context_parallel import sequence_problem
+    from rlrunner.sizing.meta import read_components
+
+    _, components = read_components(folder)
+    configs = {name: component.config for name, component in components.items()}
+    heads = configs.get("transformer", {}).get("num_attention_heads")
+    tokens = family.sample_shapes(family_cfg, configs).image_tokens
+    problem = sequence_problem(tokens, heads, cp, mode, "the latent")
+    if problem is None or tokens % cp == 0:
+        return problem
+    height, width = (family_cfg.resolution, family_cfg.resolution) if isinstance(family_cfg.resolution, int) \
+        else tuple(family_cfg.resolution)
+    video = family_cfg.num_frames > 1
+    for step in range(1, 33):  # the nearest frame count (video) or height that divides
+        for sign in (-1, 1):
+            key, value = ("num_frames", family_cfg.num_frames + 4 * sign * step) if video else \
+                ("resolution", [height + 16 * sign * step, width])
+            if (value if video else value[0]) <= 0:
+                continue
+            try:
+                if family.sample_shapes(OmegaConf.merge(family_cfg, {key: value}), configs).image_tokens % cp == 0:
+                    return f"{problem} (at {key} {value} they are)"
+            except ValueError:  # not a size the family takes
+                continue
+    return problem
+
+
 def _check_batches(cfg: DictConfig, num_actor_workers: int) -> None:
     actor = cfg.actor
-    step = actor.micro_batch_size * num_actor_workers
+    cp = actor.context_parallel_size
+    if num_actor_workers % cp:
+        _fail(f"actor.context_parallel_size={cp} does not divide the {num_actor_workers} actor devices into whole "
+              f"context-parallel groups")
+    groups = num_actor_workers // cp  # a context-parallel group trains the same samples on all its devices
+    step = actor.micro_batch_size * groups
     if actor.global_batch_size % step:
         _fail(f"actor.global_batch_size={actor.global_batch_size} is not divisible by actor.micro_batch_size="
-              f"{actor.micro_batch_size} x {num_actor_workers} actor worker(s) = {step}")
+              f"{actor.micro_batch_size} x {groups} actor worker group(s) = {step}")
     samples = cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch
     if samples % actor.global_batch_size:
         _fail(f"one step rolls out env.train.total_num_envs x rollout_epoch = {samples} samples, not a multiple "
@@ -305,6 +375,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     train_parts = _check_reward(cfg, "train", ctx)
     _check_video(cfg, train_parts)
     _check_video(cfg, _check_reward(cfg, "eval", ctx))
+    _check_context_parallel(cfg, base_dir)
     if _devices_known_offline(cfg.cluster):
         try:
             placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
@@ -327,10 +398,15 @@ def check_placement(cfg: DictConfig, placement: Any) -> None:
         _fail("runner.rollout_ahead=true needs the actor and rollout models on the device at the same time; it "
               "cannot be combined with cluster.enable_offload for collocated actor and rollout")
     prompts_per_epoch = cfg.env.train.total_num_envs // cfg.algorithm.group_size
-    if prompts_per_epoch % placement.num_workers("rollout"):
+    rollout_cp, rollout_devices = cfg.rollout.context_parallel_size, placement.num_workers("rollout")
+    if rollout_devices % rollout_cp:
+        _fail(f"rollout.context_parallel_size={rollout_cp} does not divide the {rollout_devices} rollout devices into "
+              f"whole groups")
+    shards = rollout_devices // rollout_cp  # a rollout group samples one shard together
+    if prompts_per_epoch % shards:
         _fail(f"env.train.total_num_envs / algorithm.group_size = {prompts_per_epoch} prompts per rollout epoch "
-              f"cannot be shared evenly by {placement.num_workers('rollout')} rollout workers")
+              f"cannot be shared evenly by {shards} rollout worker group(s)")
     # held-out prompts are shared unevenly when they must be (Runner: _split), but every worker needs one
-    if cfg.env.eval.total_num_envs < placement.num_workers("rollout"):
-        _fail(f"env.eval.total_num_envs={cfg.env.eval.total_num_envs} is fewer than the "
-              f"{placement.num_workers('rollout')} rollout workers; evaluate at least one prompt per worker")
+    if cfg.env.eval.total_num_envs < shards:
+        _fail(f"env.eval.total_num_envs={cfg.env.eval.total_num_envs} is fewer than the {shards} rollout worker "
+              f"group(s); evaluate at least one prompt per group")

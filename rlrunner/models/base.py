@@ -474,6 +474,19 @@ class FlowModel(abc.ABC):
         """Load a diffusers-format LoRA (folder, file or hub id, e.g. from :meth:`save_lora`) into ``adapters``."""
         self._adapters().load(path, adapters, self.lora_loader_class_name, self.lora_component)
 
+    # ------------------------------------------------------------------ context parallelism
+    #: ranks that split one sample's token sequence (1: none); set by :meth:`enable_context_parallel`
+    context_parallel_size: int = 1
+
+    def enable_context_parallel(self, mesh: Any) -> None:
+        """Split every denoiser's token sequence over the CP groups of ``mesh`` (a ``dp × cp`` device mesh, see
+        :mod:`rlrunner.cluster.context_parallel`) through its diffusers ``_cp_plan`` hooks; before FSDP2 wraps it."""
+        from rlrunner.cluster.context_parallel import apply_context_parallel
+
+        for denoiser in [getattr(self.transformer, name) for name in self.expert_components] or [self.transformer]:
+            apply_context_parallel(denoiser, mesh)
+        self.context_parallel_size = mesh["ring"].size() * mesh["ulysses"].size()
+
     def _adapters(self) -> LoraAdapters:
         if self.lora is None:
             raise ValueError("this model has no LoRA adapters (use_lora: false)")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from rlrunner.models.base import (
     Cond,
@@ -46,6 +47,12 @@ def unpack_latents(packed: torch.Tensor, h: int, w: int) -> torch.Tensor:
     b, _, channels = packed.shape
     latents = packed.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
     return latents.reshape(b, channels // 4, h, w)
+
+
+def pad_text(embeds: torch.Tensor, mask: torch.Tensor, multiple: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, L, D]`` embeddings and their ``[B, L]`` mask zero-padded to a multiple of ``multiple`` tokens."""
+    pad = -embeds.shape[1] % multiple
+    return F.pad(embeds, (0, 0, 0, pad)), F.pad(mask, (0, pad))
 
 
 class QwenImageFlowModel(FlowModel):
@@ -123,13 +130,15 @@ class QwenImageFlowModel(FlowModel):
                           guidance: torch.Tensor | None = None) -> torch.Tensor:
         """latents ``[B, C, h, w]``, t ``[B]`` sigmas -> v ``[B, C, h, w]`` (model dtype)."""
         batch, _, h, w = latents.shape
-        mask = cond.get("prompt_mask")
+        embeds, mask = cond["prompt_embeds"], cond.get("prompt_mask")
+        if self.context_parallel_size > 1:  # the CP plan splits the text too: pad it to whole slices, masked out
+            embeds, mask = pad_text(embeds, mask, self.context_parallel_size)
         if mask is not None and bool(mask.all()):
             mask = None  # as the pipeline: no mask when nothing is padded
         packed = self.transformer(
             hidden_states=pack_latents(latents.to(self.dtype)),
             timestep=t.to(self.dtype),
-            encoder_hidden_states=cond["prompt_embeds"],
+            encoder_hidden_states=embeds,
             encoder_hidden_states_mask=mask,
             img_shapes=[[(1, h // 2, w // 2)]] * batch,
             return_dict=False,

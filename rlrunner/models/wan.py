@@ -92,6 +92,11 @@ class WanFlowModel(FlowModel):
         self.pipe = pipe
         self.transformer = self.denoiser(pipe)
         self.vae = pipe.vae
+        if self.vae is not None:  # vae_tiling / vae_slicing bound the decode's memory at large frames
+            if self._option("vae_tiling"):
+                self.vae.enable_tiling()
+            if self._option("vae_slicing"):
+                self.vae.enable_slicing()
         self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
         self.expand_timesteps = bool(pipe.config.expand_timesteps)
         self.height, self.width = resolution_hw(family_cfg.resolution)

@@ -167,6 +167,8 @@ class StepGeometry:
     cfg_factor: int  # 2 when rollouts use classifier-free guidance (negative and conditional halves)
     num_logged_samples: int
     kept_latents: int = 0  # latent-sized tensors the algorithm's rollout keeps per sample besides x0
+    actor_cp: int = 1  # actor.context_parallel_size: ranks per sample
+    rollout_cp: int = 1  # rollout.context_parallel_size: devices per rollout shard
 
     @property
     def prompts(self) -> int:
@@ -174,14 +176,15 @@ class StepGeometry:
 
     @property
     def samples_per_rollout_call(self) -> int:
-        """Samples one rollout worker generates in one ``generate`` call."""
-        return self.samples // self.rollout_rounds // self.rollout_workers
+        """Samples one rollout worker (group, with context parallelism) generates in one ``generate`` call."""
+        return self.samples // self.rollout_rounds // (self.rollout_workers // self.rollout_cp)
 
 
 def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
     rollout_workers = placement.num_workers("rollout")
     prompts = cfg.env.train.total_num_envs // cfg.algorithm.group_size * cfg.env.train.rollout_epoch
-    rounds = 2 if cfg.runner.async_reward and prompts % (2 * rollout_workers) == 0 else 1
+    shards = rollout_workers // cfg.rollout.context_parallel_size
+    rounds = 2 if cfg.runner.async_reward and prompts % (2 * shards) == 0 else 1
     family = cfg.actor.model[cfg.actor.model.model_type]
     # rollouts run the denoiser twice per step only for cfg (embedded guidance is a model input, one pass)
     two_pass = family.guidance_scale > 1 and model_class(cfg.actor.model.model_type).resolved_guidance(family) == "cfg"
@@ -191,6 +194,7 @@ def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
         micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if two_pass else 1,
         num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
         kept_latents=build_objective(cfg.algorithm, family).kept_latents_per_sample(),
+        actor_cp=cfg.actor.context_parallel_size, rollout_cp=cfg.rollout.context_parallel_size,
     )
 
 
@@ -223,11 +227,15 @@ class ComponentPlan:
         return sum(p.nbytes for p in self.parts if p.counted)
 
 
-def activation_bytes(sizes: ModelSizes, batch: int, *, training: bool, checkpointing: bool) -> int | None:
-    """Formula estimate of the denoiser's activation memory for ``batch`` samples; None without a transformer.
+def activation_bytes(sizes: ModelSizes, batch: int, *, training: bool, checkpointing: bool,
+                     context_parallel_size: int = 1) -> int | None:
+    """Formula estimate of the denoiser's activation memory for ``batch`` samples on one rank; None without a
+    transformer.
 
-    ``s`` = image tokens + text tokens per sample (joint attention in SD3 / Qwen-Image; an upper bound for
-    Wan's cross-attention), ``h`` = hidden size, ``L`` = blocks, elements of the model dtype:
+    ``s`` = image tokens / ``cp`` + text tokens per sample (joint attention in SD3 / Qwen-Image; an upper bound for
+    Wan's cross-attention; context parallelism over ``cp`` ranks splits the image tokens, and Ulysses' all-to-all
+    trades the sequence split for a head split, so q, k, v stay ``s / cp × h`` per rank; the text is counted whole,
+    an upper bound), ``h`` = hidden size, ``L`` = blocks, elements of the model dtype:
 
     * training with gradient checkpointing: ``L b s h`` (each block's input) + ``17 b s h`` (the block being
       recomputed in backward); without it: ``17 L b s h``;
@@ -238,7 +246,8 @@ def activation_bytes(sizes: ModelSizes, batch: int, *, training: bool, checkpoin
     """
     if sizes.hidden_size is None or sizes.num_layers is None:
         return None
-    tokens = batch * (sizes.shapes.image_tokens + sizes.shapes.text_tokens) * sizes.hidden_size
+    per_rank = math.ceil(sizes.shapes.image_tokens / context_parallel_size) + sizes.shapes.text_tokens
+    tokens = batch * per_rank * sizes.hidden_size
     if not training:
         elements = INFERENCE_ELEMENTS_PER_TOKEN * tokens
     elif checkpointing:
@@ -269,9 +278,11 @@ def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpo
         block = sizes.denoiser_bytes // (sizes.num_layers * sizes.experts)
         plan.parts.append(Part("actor", "fsdp2 all-gathered blocks", 2 * block,
                                "two unsharded blocks at a time (current + prefetch)", transient=True))
-    plan.activation_bytes = activation_bytes(sizes, mb, training=True, checkpointing=checkpointing)
+    cp = geometry.actor_cp
+    plan.activation_bytes = activation_bytes(sizes, mb, training=True, checkpointing=checkpointing,
+                                             context_parallel_size=cp)
     plan.activation_detail = (f"training, micro-batch {mb}, gradient checkpointing "
-                              f"{'on' if checkpointing else 'off'}")
+                              f"{'on' if checkpointing else 'off'}" + (f", sequence / {cp} (cp)" if cp > 1 else ""))
     return plan
 
 
@@ -296,8 +307,11 @@ def rollout_plan(sizes: ModelSizes, geometry: StepGeometry, family_cfg: Any) -> 
     plan.parts.append(Part("rollout", "generate call: noise + x0 + conditioning",
                            2 * sizes.latent_bytes(n) + sizes.cond_bytes(n * geometry.cfg_factor),
                            f"{n} samples per call (fp32 latents, conditioning per sample)", transient=True))
-    plan.activation_bytes = activation_bytes(sizes, n * geometry.cfg_factor, training=False, checkpointing=False)
-    plan.activation_detail = f"sampling, {n * geometry.cfg_factor} samples per denoiser call"
+    cp = geometry.rollout_cp
+    plan.activation_bytes = activation_bytes(sizes, n * geometry.cfg_factor, training=False, checkpointing=False,
+                                             context_parallel_size=cp)
+    plan.activation_detail = (f"sampling, {n * geometry.cfg_factor} samples per denoiser call"
+                              + (f", sequence / {cp} (cp)" if cp > 1 else ""))
     return plan
 
 
@@ -321,8 +335,9 @@ def env_plan(env_cfg: Any) -> ComponentPlan:
 
 def host_buffer_parts(sizes: ModelSizes, geometry: StepGeometry) -> list[Part]:
     """One step's rollout result per rollout worker (host memory of its node; tensors return as CPU tensors)."""
-    rows = geometry.samples // geometry.rollout_workers
-    prompts = geometry.prompts // geometry.rollout_workers
+    shards = geometry.rollout_workers // geometry.rollout_cp  # a context-parallel group's first rank holds its shard
+    rows = geometry.samples // shards
+    prompts = geometry.prompts // shards
     parts = [
         Part("rollout", "x0", sizes.latent_bytes(rows), f"[{rows}, {', '.join(map(str, sizes.shapes.latent))}] fp32"),
         Part("rollout", "conditioning, once per prompt", sizes.cond_bytes(prompts),

@@ -33,6 +33,8 @@ class ActorWorker:
     in micro-batches with gradient accumulation, through torch's DDP or FSDP2 (``actor.strategy``, see
     :mod:`rlrunner.cluster.parallelize`), which average the gradients over ranks. Each sample's training noise
     is seeded by its global index in the step's batch, so the result does not depend on the number of ranks.
+    With ``actor.context_parallel_size`` ``cp > 1``, ``cp`` consecutive ranks form a group that trains the same
+    samples, each rank one slice of every sample's token sequence (:mod:`rlrunner.cluster.context_parallel`).
     Methods that gather full tensors (``ema_update`` aside, everything that returns adapters or optimizer state)
     must be called on every rank; rank 0 returns the result. The actor writes no files: the driver writes the
     checkpoint (adapters in diffusers' format included) from what :meth:`state_dict` returns.
@@ -51,6 +53,7 @@ class ActorWorker:
 
         self.cfg, self.alg = actor_cfg, algorithm_cfg
         self.rank, self.world_size = rank, world_size
+        self.data_parallel_size = world_size // actor_cfg.context_parallel_size  # groups that train their own samples
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
         self.objective = build_objective(algorithm_cfg, self.family_cfg)
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
@@ -58,7 +61,8 @@ class ActorWorker:
         # loads neither text encoders nor VAE (not even into host memory)
         self.model = build_model(actor_cfg.model, denoiser_only=True)
         grouped = init_distributed(rank, world_size, self.model.device.type, one_rank_group=actor_cfg.one_rank_group)
-        self.engine = parallelize(self.model, actor_cfg.strategy, world_size, one_rank_group=grouped)
+        self.engine = parallelize(self.model, actor_cfg.strategy, world_size, actor_cfg.context_parallel_size,
+                                  actor_cfg.context_parallel_mode, one_rank_group=grouped)
         self.params = self.model.trainable_parameters()  # after parallelize: FSDP2 swaps them for their shards
         optim = actor_cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
@@ -76,12 +80,12 @@ class ActorWorker:
         """Train on this rank's samples (see :mod:`rlrunner.sample_order`): rows ``index`` (int64 ``[n]``, in
         training order) of ``rollout``, this rank's training parts of the rollout shards joined in order (``x0``,
         per-prompt ``cond.*``), with their positions in the step's shuffled order ``sample_index`` ``[n]`` (seeds of
-        their training noise) and ``advantages`` ``[n]`` or ``[n, K]``. The k-th ``global_batch_size / world_size``
-        samples belong to optimizer step k."""
+        their training noise) and ``advantages`` ``[n]`` or ``[n, K]``. The k-th ``global_batch_size / groups``
+        samples belong to optimizer step k (the ranks of a context-parallel group receive the same samples)."""
         batch = Batch.cat(rollout).select(index)
         batch.tensors.update(advantages=advantages, sample_index=sample_index)
         self.objective.begin_update(self.model)
-        local_batch = self.cfg.global_batch_size // self.world_size
+        local_batch = self.cfg.global_batch_size // self.data_parallel_size
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         for opt_batch in batch.split(local_batch):
@@ -97,11 +101,12 @@ class ActorWorker:
         passes = [(micro, draw) for micro in batch.split(self.cfg.micro_batch_size) for draw in range(draws)]
         for index, (micro, draw) in enumerate(passes):
             # this rank's loss is the mean over its samples; the engine averages the ranks' gradients (equal
-            # sample counts), reducing them once per optimizer step, after its last backward
+            # sample counts), reducing them once per optimizer step, after its last backward (gradient_scale:
+            # a context-parallel group's gradient is the sum of its ranks')
             share = len(micro) / len(batch) / draws
             with self.engine.accumulate(sync=index == len(passes) - 1):
                 loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw), draw)
-                (loss * share).backward()
+                (loss * (share * self.engine.gradient_scale)).backward()
             for name, value in micro_metrics.items():
                 metrics[name] += value * share
         grad_norm = self.engine.clip_grad_norm(self.params, self.cfg.optim.clip_grad)
@@ -170,10 +175,9 @@ class ActorWorker:
         """The denoiser and optimizer state on the device for the block, and back in host memory after it if they
         were offloaded.
 
-        Everything that gathers (or loads) adapters or optimizer state runs in it: the process group's backend is
-        the device's (NCCL has no host-memory path), so a host tensor must never reach a collective (why not a
-        ``cpu:gloo,cuda:nccl`` group: :class:`rlrunner.device_turns.DeviceTurns`). The runner hands the actor the
-        device before such calls, the rollout leaving it first, so there this is a no-op; it guards other callers.
+        Everything that gathers (or loads) adapters or optimizer state runs in it, so that a host tensor never
+        reaches a collective: the contract is :class:`rlrunner.device_turns.DeviceTurns`'s, whose ``actor_call``
+        hands the actor the device first, so that there this is a no-op; it guards other callers.
         """
         offloaded = self.offloaded
         if offloaded:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from operator import attrgetter, methodcaller
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -13,13 +11,13 @@ from rlrunner.batch import Batch
 from rlrunner.config.paths import node_paths
 from rlrunner.models import TRAINED_ADAPTER, build_model
 from rlrunner.objectives import build_objective
-from rlrunner.sample_order import TrainPlan
 from rlrunner.utils.seeding import derive_seed
 
 
 class RolloutOutput(NamedTuple):
-    """A rollout shard in the parts that go to different places (the driver keeps them apart with the
-    cluster's ``per_rank_parts``, so that the actor never receives pixels and the driver only what it logs).
+    """A rollout shard in the parts that go to different places (cut where it is computed and read by name:
+    :class:`rlrunner.data_plane.RolloutParts`, so that the actor never receives pixels and the driver only what it
+    logs).
 
     ``train``: tensor ``x0`` ``[N, *latent_shape]`` (float32), per-prompt conditioning ``cond.<name>``
     ``[P, ...]`` and ``prompt_index`` ``[N]``: what the actor trains on. ``scored``: tensor ``images`` uint8
@@ -41,21 +39,17 @@ class RolloutOutput(NamedTuple):
                      {k: v[:n] for k, v in self.scored.meta.items()})
 
 
-def shard_parts(plan: TrainPlan | None, offset: int, size: int, to_log: int) -> list[Callable[[RolloutOutput], Batch]]:
-    """How the rollout shard of a step's samples ``[offset, offset + size)`` splits its :class:`RolloutOutput` where it
-    is computed (the cluster's ``per_rank_parts``): one training part per actor rank (``plan``; none for eval), the
-    scored images, and the samples among the step's first ``to_log`` that the driver logs."""
-    for_actor = [methodcaller("train_rows", plan.shard_rows(rank, offset, size))
-                 for rank in range(plan.world_size)] if plan else []
-    return [*for_actor, attrgetter("scored"), methodcaller("first", int(np.clip(to_log - offset, 0, size)))]
-
-
 class RolloutWorker:
     """Samples final clean latents ``x0`` as ``algorithm.name`` asks (:meth:`Objective.rollout`) and decodes them
     for the reward; evaluation samples the trained adapter with the eval sampler.
 
     Decoding happens here rather than in the env worker so that one copy of the VAE serves a device; the env
     worker receives uint8 pixels, which it needs anyway for OCR.
+
+    With ``context_parallel_size`` ``k > 1`` (``rollout.context_parallel_size``), ``k`` consecutive ranks form a
+    group that samples one shard together, each rank computing one slice of every denoiser call's token sequence
+    (:mod:`rlrunner.cluster.context_parallel`); they draw the same noise (seeded by the group, not the rank), and
+    the group's first rank decodes and returns the result, the others None.
     """
 
     @staticmethod
@@ -63,11 +57,19 @@ class RolloutWorker:
         """The local paths this worker reads (checked on its node before it starts; rlrunner.config.paths)."""
         return node_paths("rollout", model_cfg, "actor.model")
 
-    def __init__(self, model_cfg: Any, seed: int, *, algorithm_cfg: Any = None, rank: int = 0,
-                 world_size: int = 1) -> None:
+    def __init__(self, model_cfg: Any, seed: int, *, algorithm_cfg: Any = None, context_parallel_size: int = 1,
+                 rank: int = 0, world_size: int = 1) -> None:
         """``algorithm_cfg``: the recipe's ``algorithm`` section (None: the schema's defaults, NFT)."""
-        torch.manual_seed(derive_seed(seed, "rollout-init", rank, 0))
+        self.group, self.leads_group = rank // context_parallel_size, rank % context_parallel_size == 0
+        torch.manual_seed(derive_seed(seed, "rollout-init", self.group, 0))
         self.model = build_model(model_cfg)
+        if context_parallel_size > 1:
+            from rlrunner.cluster.context_parallel import parallel_mesh
+            from rlrunner.cluster.distributed import init_distributed
+
+            init_distributed(rank, world_size, self.model.device.type)
+            self.model.enable_context_parallel(
+                parallel_mesh(self.model.device.type, world_size, context_parallel_size, "ulysses"))
         self.family_cfg = model_cfg[model_cfg.model_type]
         if algorithm_cfg is None:
             from omegaconf import OmegaConf
@@ -80,30 +82,33 @@ class RolloutWorker:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, step: int, round_index: int, mode: str = "train",
-                 rows: list[int] | None = None) -> RolloutOutput:
+                 rows: list[int] | None = None) -> RolloutOutput | None:
         """Sample ``group_size`` images for each of ``prompts`` (distinct groups, samples of a group contiguous);
         ``rows``: each prompt's row in its prompt set (default ``0 .. len(prompts) - 1``), passed on with its samples.
 
-        Returns the parts of :class:`RolloutOutput` (``N = len(prompts) * group_size`` samples); the text
-        conditioning is sent once per prompt. Noise is seeded from (seed, mode, rank, step, round_index), so any
-        rollout can be replayed.
+        Returns the parts of :class:`RolloutOutput` (``N = len(prompts) * group_size`` samples; None on a rank that
+        does not lead its context-parallel group); the text conditioning is sent once per prompt. Noise is seeded
+        from (seed, mode, rollout group, step, round_index), so any rollout can be replayed.
         """
         train = mode == "train"
         cfg = self.family_cfg
         cond = self.model.encode_prompts(prompts)  # text encoders run once per prompt
         n = len(prompts) * group_size
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, f"rollout-{mode}", self.rank, step, round_index))
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, f"rollout-{mode}", self.group, step,
+                                                              round_index))
         noise = torch.randn((n, *self.model.latent_shape), generator=generator).to(self.model.device)
         cond_per_sample = self.model.repeat_cond(cond, group_size)
         kept: dict[str, torch.Tensor] = {}
         if train:
             generator_on_device = torch.Generator(self.model.device).manual_seed(
-                derive_seed(self.seed, "rollout-sde", self.rank, step, round_index))
+                derive_seed(self.seed, "rollout-sde", self.group, step, round_index))
             x0, kept = self.objective.rollout(self.model, cond_per_sample, noise, generator_on_device)
         else:
             x0 = self.model.sample(cond_per_sample, noise, sampler=cfg.eval_sampler, num_steps=cfg.eval_num_steps,
                                    guidance_scale=cfg.eval_guidance_scale,
                                    guidance_scale_2=cfg.eval_guidance_scale_2, adapter=TRAINED_ADAPTER)
+        if not self.leads_group:
+            return None
         images = torch.from_numpy(np.ascontiguousarray(self.model.decode(x0)))
         prompt_index = torch.arange(len(prompts)).repeat_interleave(group_size)
         rows = range(len(prompts)) if rows is None else rows

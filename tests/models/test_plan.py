@@ -141,6 +141,10 @@ def test_activation_formula_by_hand():
     assert activation_bytes(sizes, 2, training=True, checkpointing=False) == 17 * 2 * 2 * 7 * 8 * 2
     assert activation_bytes(sizes, 3, training=False, checkpointing=False) == 8 * 3 * 7 * 8 * 2
     assert activation_bytes(_toy_sizes(hidden_size=None), 2, training=True, checkpointing=True) is None
+    # context parallelism splits the image tokens: s = 4 / 2 + 3 = 5 per rank at cp 2, 4 / 4 + 3 = 4 at cp 4
+    assert activation_bytes(sizes, 2, training=True, checkpointing=True, context_parallel_size=2) == \
+        (2 + 17) * 2 * 5 * 8 * 2
+    assert activation_bytes(sizes, 3, training=False, checkpointing=False, context_parallel_size=4) == 8 * 3 * 4 * 8 * 2
 
 
 def test_fsdp2_shards_the_actor_over_its_ranks():
