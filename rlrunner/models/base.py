@@ -1,4 +1,5 @@
-"""The one interface every model family implements, and the loading / offloading helpers they share.
+"""The one interface every model family implements (placement of its parts: :mod:`rlrunner.models.placement`;
+pixel and latent helpers: :mod:`rlrunner.models.pixels`).
 
 A :class:`FlowModel` wraps a rectified-flow denoiser (``x_t = (1 - t) x0 + t eps``, the network predicts
 ``v = eps - x0``) plus whatever turns prompts into conditioning and latents into pixels. Workers only ever
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from torch import nn
 from rlrunner.algorithms.samplers import VelocityFn, VelocityObserver, sample_flow, sigma_schedule
 from rlrunner.models.loading import load_family_pipeline
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters, saved_config, write_lora
+from rlrunner.models.placement import ComponentPlacement
 from rlrunner.models.schedules import pipeline_sigmas
 
 Cond = dict[str, torch.Tensor]
@@ -32,51 +32,8 @@ Cond = dict[str, torch.Tensor]
 GUIDANCE_KINDS = ("auto", "cfg", "embedded", "none")
 
 
-# ---------------------------------------------------------------------------------------------- loading helpers
-def resolution_hw(resolution: Any) -> tuple[int, int]:
-    """``512`` -> ``(512, 512)``; ``[704, 1280]`` -> ``(704, 1280)`` (height, width)."""
-    if isinstance(resolution, int):
-        return resolution, resolution
-    values = list(resolution)
-    if len(values) != 2 or not all(isinstance(v, int) for v in values):
-        raise ValueError(f"resolution must be an int or [height, width], got {resolution!r}")
-    return values[0], values[1]
-
-
-def check_divisible(height: int, width: int, multiple: int, family: str) -> None:
-    """Pixel sizes must map to whole latent patches."""
-    if height % multiple or width % multiple:
-        fix = [max(multiple, round(v / multiple) * multiple) for v in (height, width)]
-        raise ValueError(f"{family} resolution {height}x{width} must be divisible by {multiple} "
-                         f"(VAE factor x patch size); nearest valid: {fix[0]}x{fix[1]}")
-
-
-def vae_latent_stats(vae: nn.Module, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel latent mean and std of a Wan-style VAE (Wan, Qwen-Image), shaped ``[1, C, 1, 1, 1]``."""
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    return (torch.tensor(vae.config.latents_mean, device=device).view(shape),
-            torch.tensor(vae.config.latents_std, device=device).view(shape))
-
-
-def to_uint8(pixels: torch.Tensor) -> np.ndarray:
-    """VAE output in [-1, 1], channels at dim 1 -> uint8 with channels last (as diffusers' postprocess)."""
-    pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)
-    return (pixels.movedim(1, -1) * 255).round().to(torch.uint8).cpu().numpy()
-
-
-def decode_scaled_latents(vae: nn.Module, latents: torch.Tensor, device: torch.device, batch_size: int) -> np.ndarray:
-    """``[B, C, h, w]`` latents of an ``AutoencoderKL`` family (SD3, FLUX.1) -> uint8 ``[B, H, W, 3]``: decoded as
-    ``vae.decode(latents / scaling_factor + shift_factor)`` in float32, ``batch_size`` images per call."""
-    scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
-    images = []
-    for part in latents.split(batch_size):
-        z = part.to(device, torch.float32) / scale + shift
-        images.append(to_uint8(vae.decode(z, return_dict=False)[0]))
-    return np.concatenate(images)
-
-
 # --------------------------------------------------------------------------------------------------- interface
-class FlowModel(abc.ABC):
+class FlowModel(ComponentPlacement, abc.ABC):
     """Base class of the model families.
 
     Subclasses set ``self.transformer`` (an ``nn.Module`` whose forward the subclass calls in
@@ -333,70 +290,6 @@ class FlowModel(abc.ABC):
         """
         return v_neg + guidance_scale * (v_cond - v_neg)
 
-    # ------------------------------------------------------------------ text encoders / VAE placement
-    @contextlib.contextmanager
-    def text_encoders_on_device(self) -> Iterator[None]:
-        """Text encoders on ``self.device`` for the block; with ``offload_text_encoder`` they return to CPU."""
-        if not self.text_encoders:
-            raise RuntimeError("the text encoders were released (release_text_encoders); this worker cannot "
-                               "encode prompts, pass it precomputed conditioning instead")
-        offload = self._option("offload_text_encoder")
-        for module in self.text_encoders.values():
-            module.to(self.device)
-        try:
-            yield
-        finally:
-            if offload:
-                for module in self.text_encoders.values():
-                    module.to("cpu")
-                _empty_cache(self.device)
-
-    @contextlib.contextmanager
-    def vae_on_device(self) -> Iterator[nn.Module]:
-        """The VAE on ``self.device`` for the block; with ``offload_vae`` it returns to CPU afterwards."""
-        if self.vae is None:
-            raise RuntimeError("the VAE was released (release_vae); this worker cannot decode latents")
-        self.vae.to(self.device)
-        try:
-            yield self.vae
-        finally:
-            if self._option("offload_vae"):
-                self.vae.to("cpu")
-                _empty_cache(self.device)
-
-    def offload_transformer(self, offload: bool) -> None:
-        """Denoiser (with its adapters) to host memory, or back to ``self.device``: collocated workers take turns."""
-        self.transformer.to("cpu" if offload else self.device)
-        if offload:
-            _empty_cache(self.device)
-
-    def release_text_encoders(self) -> None:
-        """Free the text encoders (workers that only receive precomputed conditioning): drop every reference,
-        collect them, and return their device memory to the device."""
-        self.text_encoders.clear()
-        self._drop_pipeline_components("text_encoder")
-        _collect(self.device)
-
-    def release_vae(self) -> None:
-        """Free the VAE (workers that never decode), as :meth:`release_text_encoders` frees the text encoders."""
-        self.vae = None
-        self._drop_pipeline_components("vae")
-        _collect(self.device)
-
-    def _drop_pipeline_components(self, prefix: str) -> None:
-        pipe = getattr(self, "pipe", None)
-        for name in list(getattr(pipe, "components", {})):
-            if name.startswith(prefix):
-                setattr(pipe, name, None)
-
-    def _place_components(self) -> None:
-        """Initial placement: transformer on device; text encoders / VAE on device unless offloaded."""
-        self.transformer.to(self.device)
-        for module in self.text_encoders.values():
-            module.requires_grad_(False).eval().to("cpu" if self._option("offload_text_encoder") else self.device)
-        if self.vae is not None:
-            self.vae.requires_grad_(False).eval().to("cpu" if self._option("offload_vae") else self.device)
-
     def _setup_transformer(self) -> None:
         """Freeze, optionally checkpoint, add the LoRA adapters (and load ``lora_path``), place on device."""
         self.transformer.requires_grad_(False).eval()
@@ -491,15 +384,3 @@ class FlowModel(abc.ABC):
         if self.lora is None:
             raise ValueError("this model has no LoRA adapters (use_lora: false)")
         return self.lora
-
-
-def _collect(device: torch.device) -> None:
-    """Collect modules just dropped (reference cycles included) and hand their cached device memory back."""
-    gc.collect()
-    _empty_cache(device)
-
-
-def _empty_cache(device: torch.device) -> None:
-    backend = getattr(torch, device.type, None)
-    if device.type != "cpu" and backend is not None and hasattr(backend, "empty_cache"):
-        backend.empty_cache()

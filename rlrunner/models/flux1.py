@@ -23,13 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlrunner.models.base import (
-    Cond,
-    FlowModel,
-    check_divisible,
-    decode_scaled_latents,
-    resolution_hw,
-)
+from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.qwen_image import pack_latents, unpack_latents
 from rlrunner.models.schedules import token_shift_kwargs
 from rlrunner.models.shapes import SampleShapes, pipeline_configs

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlrunner.models.base import Cond, FlowModel, check_divisible, resolution_hw, to_uint8
+from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 #: both streams' attention projections of the double blocks, and the fused qkv + MLP input and the output

@@ -21,15 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlrunner.models.base import (
-    Cond,
-    FlowModel,
-    check_divisible,
-    resolution_hw,
-    to_uint8,
-    vae_latent_stats,
-)
+from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
+from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.ragged_text import concat_padded
 from rlrunner.models.schedules import token_shift_kwargs
 from rlrunner.models.shapes import SampleShapes, pipeline_configs

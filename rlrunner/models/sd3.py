@@ -13,14 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlrunner.models.base import (
-    Cond,
-    FlowModel,
-    check_divisible,
-    decode_scaled_latents,
-    resolution_hw,
-)
+from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
+from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 CLIP_TOKENS = 77  # the SD3 pipeline's CLIP tokenizer length when it has no tokenizer to ask

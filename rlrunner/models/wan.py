@@ -25,14 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlrunner.models.base import (
-    Cond,
-    FlowModel,
-    check_divisible,
-    resolution_hw,
-    to_uint8,
-    vae_latent_stats,
-)
+from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
 
 CONDITION_MODES = ("t2v",)

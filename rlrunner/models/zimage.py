@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from rlrunner.algorithms.samplers import VelocityFn
-from rlrunner.models.base import Cond, FlowModel, check_divisible, resolution_hw, to_uint8
+from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.ragged_text import concat_padded, stack_ragged, unstack_ragged
 from rlrunner.models.schedules import token_shift_mu
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
