@@ -23,8 +23,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlrunner.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError, resolve_resume_dir
+from rlrunner.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError
 from rlrunner.models import model_class
+from rlrunner.resume_point import resolve_resume_dir
 
 ALGORITHM_TITLES = {"nft": "DiffusionNFT", "flow_grpo": "FlowGRPO", "awm": "AWM, Advantage Weighted Matching"}
 # families without a diffusers pipeline of their own (the tiny model saves its LoRA in diffusers' format only)

@@ -24,9 +24,7 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
 from rlrunner.batch import Batch
-from rlrunner.checkpoint import CheckpointError, load_checkpoint, resume_point, save_checkpoint, write_adapters
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
-from rlrunner.config.loader import to_yaml
 from rlrunner.config.validate import check_placement
 from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_datasets
@@ -37,17 +35,16 @@ from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class
 from rlrunner.preemption import FINISHED, Preempted, StopSignals
 from rlrunner.rewards import RewardOutput, RewardUnavailable
+from rlrunner.run_checkpoints import RunCheckpoints
 from rlrunner.sample_order import TrainPlan
 from rlrunner.shares import reward_slices, split_evenly
 from rlrunner.supervisor import supervise
-from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
+from rlrunner.utils.seeding import derive_seed
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker
 
 logger = logging.getLogger("rlrunner")
-# actor.optim.lr_scheduler values whose learning rates do not depend on the run's length
-LENGTH_FREE_SCHEDULES = ("constant", "constant_with_warmup")
 # keyword that each advantage estimator takes for algorithm.advantage_mode
 ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 
@@ -56,7 +53,7 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts])) for k in dicts[0]}
 
 
-class Runner:
+class Runner(RunCheckpoints):
     def __init__(self, cfg: DictConfig, log_dir: Path, cluster: Any, *, resume_dir: str | None = None,
                  run_logger: RunLogger | None = None, stop_requested: Callable[[], str] | None = None) -> None:
         """Start the workers on ``cluster``, resume (``resume_dir``, default ``runner.resume_dir``), then open the
@@ -332,79 +329,6 @@ class Runner:
             self.run_logger.videos(tag, images, self.step, video_cfg.fps, out_dir)
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self) -> Path:
-        root = self.log_dir / "checkpoints"
-        state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
-                 "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                 "reward_failures_in_a_row": self.reward_failures_in_a_row,
-                 # what a resume must not change (check_resumable), and the adapters the rollout holds when the
-                 # last sync was before this step (runner.weight_sync_interval > 1): a resume must not sync newer
-                 "lr_schedule_steps": self.lr_schedule_steps, "rollout_world_size": self.rollout.world_size,
-                 "synced_step": self.synced_step,
-                 "rollout_adapters": self.rollout_adapters if self.synced_step != self.step else None,
-                 # a rollout started ahead is replayed on resume: its prompt rows and the adapters that sampled it
-                 "ahead": None if self.ahead is None else {"rows": self.ahead.rows, "step": self.ahead.step,
-                                                           "adapters": self.ahead.adapters}}
-        actor_state = self.turns.actor_call("state_dict")[0]  # rank-independent; every rank gathers, rank 0 returns
-        path = save_checkpoint(
-            root, self.step, runner_state=state, actor_state=actor_state, config_yaml=to_yaml(self.cfg),
-            model_info=self.model_info, keep_last_n=self.cfg.runner.keep_last_n,
-            write_adapters=lambda d: write_adapters(d, actor_state["adapters"], self.cfg.actor.model))
-        tqdm.write(f"[step {self.step}] checkpoint saved to {path}", file=sys.stderr)
-        self.saved_step = self.step
-        return path
-
-    def resume(self, resume_dir: str) -> bool:
-        """Restore a checkpoint, the rollout workers' adapters included; False when ``auto`` finds none yet."""
-        # auto: a checkpoint of this experiment, among the runs beside this one (where this launcher writes)
-        path = resume_point(resume_dir, self.log_dir.resolve().parent, OmegaConf.to_container(self.cfg, resolve=True))
-        if path is None:
-            return False
-        ckpt = load_checkpoint(path, self.model_info, self.actor.world_size)
-        self.check_resumable(path, ckpt["runner"])
-        self.turns.actor_call("load_state_dict", ckpt["actor"])
-        self.sampler.load_state_dict(ckpt["runner"]["sampler"])
-        set_rng_state(ckpt["runner"]["rng"])
-        self.step = ckpt["runner"]["step"]
-        self.nonfinite_in_a_row = ckpt["runner"]["nonfinite_in_a_row"]
-        self.reward_failures_in_a_row = ckpt["runner"].get("reward_failures_in_a_row", 0)
-        self.saved_step = self.step
-        ahead = ckpt["runner"].get("ahead")
-        if ahead is not None:
-            self.rollout.call("sync_weights", ahead["adapters"])
-            self.rollout_adapters = ahead["adapters"]
-            self.start_rollout_ahead(ahead["rows"], ahead["step"])
-            self.ahead.future.exception()
-        if (held := ckpt["runner"].get("rollout_adapters")) is not None:  # a sync the uninterrupted run had not made
-            self.rollout.call("sync_weights", held)
-            self.rollout_adapters, self.synced_step = held, ckpt["runner"]["synced_step"]
-        else:
-            self.sync_weights()
-        tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
-        return True
-
-    def check_resumable(self, path: Path, state: dict[str, Any]) -> None:
-        """Refuse (one line) a resume that cannot go on as the saved run would have: another LR schedule length
-        (``runner.max_steps`` sets it) or another number of rollout ranks (rollout noise is drawn per rank), unless
-        ``runner.resume_allow_changes`` accepts the key (or is true)."""
-        allow = self.cfg.runner.resume_allow_changes
-        allowed = (lambda key: True) if allow is True else (lambda key: key in (allow or []))
-        saved_length, scheduler = state.get("lr_schedule_steps"), self.cfg.actor.optim.lr_scheduler
-        if (saved_length not in (None, self.lr_schedule_steps) and scheduler not in LENGTH_FREE_SCHEDULES
-                and not allowed("runner.max_steps")):
-            raise CheckpointError(
-                f"checkpoint {path} was trained on a {scheduler} LR schedule {saved_length} optimizer steps long; "
-                f"this recipe's run length makes it {self.lr_schedule_steps}, which changes every learning rate from "
-                f"here on; resume with the checkpoint's runner.max_steps (or max_epochs), a constant "
-                f"actor.optim.lr_scheduler, or runner.resume_allow_changes=[runner.max_steps]")
-        saved_ranks = state.get("rollout_world_size")
-        if saved_ranks not in (None, self.rollout.world_size) and not allowed("cluster.component_placement"):
-            raise CheckpointError(
-                f"checkpoint {path} was rolled out by {saved_ranks} rollout rank(s), this placement has "
-                f"{self.rollout.world_size}: rollout noise is drawn per rollout rank, so the run would not go on as "
-                f"it would have; place {saved_ranks} rollout rank(s) (cluster.component_placement), or accept "
-                f"another continuation with runner.resume_allow_changes=[cluster.component_placement]")
-
     def abandon(self) -> None:
         """Stop the driver's own threads and progress bar (the workers are the cluster's to stop)."""
         if self.progress is not None:  # also after a failed step, so the bar is not redrawn after the error

@@ -18,12 +18,11 @@ from rlrunner.checkpoint import (
     RUNNER_FILE,
     CheckpointError,
     complete_checkpoints,
-    latest_checkpoint,
     load_checkpoint,
     newest_loadable_checkpoint,
-    resume_point,
     save_checkpoint,
 )
+from rlrunner.resume_point import latest_checkpoint, resume_point
 
 RECIPE = {"runner": {"logger": {"experiment_name": "exp"}, "resume_allow_changes": False}}
 CONFIG_YAML = "runner:\n  logger:\n    experiment_name: exp\n  resume_allow_changes: false\n"

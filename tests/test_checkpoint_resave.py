@@ -17,9 +17,9 @@ from rlrunner.checkpoint import (
     CheckpointError,
     complete_checkpoints,
     load_checkpoint,
-    resolve_resume_dir,
     save_checkpoint,
 )
+from rlrunner.resume_point import resolve_resume_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # saves step 2 twice in the run folder argv[1]; the re-save is killed right before the new copy is renamed in

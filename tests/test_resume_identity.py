@@ -14,8 +14,9 @@ import yaml
 from omegaconf import OmegaConf
 from runner_helpers import SMALL_OVERRIDES, small_recipe, train_metrics
 
-from rlrunner.checkpoint import CheckpointError, resume_point, save_checkpoint
+from rlrunner.checkpoint import CheckpointError, save_checkpoint
 from rlrunner.config.loader import to_yaml
+from rlrunner.resume_point import resume_point
 from rlrunner.runner import run
 
 ROOT = Path(__file__).resolve().parents[1]

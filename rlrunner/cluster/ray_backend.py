@@ -7,7 +7,7 @@ device (recipe node ``d // devices_per_node``, mapped onto Ray nodes by :mod:`rl
 a ``ray.io/node-id`` bundle label selector, and the placement is checked against the connected cluster's
 nodes before anything starts. Collocated workers share their device's bundle, each with an equal fractional
 share of the accelerator. Workers are plain classes: each runs inside a generic host actor
-(:class:`_WorkerHost`) that sets its torch.distributed env vars before calling its constructor. Ray is
+(:class:`~rlrunner.cluster.ray_host.WorkerHost`) that sets its torch.distributed env vars before calling its constructor. Ray is
 imported lazily, so importing this module is cheap.
 """
 
@@ -32,86 +32,22 @@ from rlrunner.cluster.base import (
     WorkerLost,
     WorkerTimedOut,
     last_line,
-    split_parts,
 )
-from rlrunner.cluster.distributed import bind_rendezvous, worker_env
+from rlrunner.cluster.distributed import worker_env
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, PlacementError, format_devices, parse_placement
-from rlrunner.cluster.ray_refs import resolve_refs
+from rlrunner.cluster.ray_host import host_actor
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
-from rlrunner.cluster.shipping import check_readable, job_runtime_env, setup_failure
-from rlrunner.utils.device import use_ray_assigned_device
-from rlrunner.utils.threads import apply_thread_budget, thread_env
+from rlrunner.cluster.shipping import job_runtime_env, setup_failure
+from rlrunner.utils.threads import thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REJOIN_PROBE_S = 10.0  # rejoin: how long a new placement group may wait before the nodes are mapped again
-_HOST_ACTOR = None  # ray.remote(_WorkerHost), built on first use
 _SPAWNS = itertools.count()  # makes the Ray actor names of this process unique
-# Ray accelerator resource -> torch device kind, for the device a worker reports
-_TORCH_KIND = {"GPU": "cuda", "NPU": "npu"}
 
 
 class _NotPlaced(RuntimeError):
     """Ray did not place the placement group's bundles in time."""
-
-
-class _WorkerHost:
-    """Body of every Ray actor: holds one worker object and forwards calls to its public methods."""
-
-    def __init__(self) -> None:
-        self.worker: Any = None
-
-    def node_info(self, rendezvous_timeout_s: float | None) -> dict[str, Any]:
-        """Where this actor runs (node IP and id, the accelerator Ray gave it) and, for rank 0 of a group that forms
-        a process group (``rendezvous_timeout_s`` given), the port of the rendezvous store it binds now on the node's
-        IP and holds (MASTER_PORT: nothing can take it before the group forms, see
-        :mod:`rlrunner.cluster.distributed`)."""
-        import ray
-
-        context = ray.get_runtime_context()
-        accelerators = context.get_accelerator_ids()
-        device = next((f"{kind}:{','.join(accelerators[name])}" for name, kind in _TORCH_KIND.items()
-                       if accelerators.get(name)), "cpu")
-        node_ip = ray.util.get_node_ip_address()
-        port = None if rendezvous_timeout_s is None else bind_rendezvous(node_ip, rendezvous_timeout_s)
-        return {"node_ip": node_ip, "node_id": context.get_node_id(), "device": device, "port": port}
-
-    def construct(self, env: dict[str, str], worker_cls: type, args: tuple, kwargs: dict) -> None:
-        """Set the env vars (torch.distributed's, the thread budget's), then build ``worker_cls(*args, rank=RANK,
-        world_size=WORLD_SIZE, **kwargs)``, once this node can read the folders it loads (its ``node_paths``)."""
-        import ray
-
-        node_paths = getattr(worker_cls, "node_paths", None)
-        if node_paths is not None:
-            check_readable(node_paths(*args, **kwargs))
-        os.environ.update(env)
-        # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: the worker sees every device; its own is Ray's, not device 0
-        use_ray_assigned_device(ray.get_runtime_context().get_accelerator_ids(), os.environ)
-        apply_thread_budget()  # the worker's threads follow its CPU reservation, not the node's core count
-        self.worker = worker_cls(*args, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), **kwargs)
-
-    def execute(self, method: str, payload: tuple[tuple, dict], parts: Sequence[Callable] | None = None) -> Any:
-        """Call ``worker.method(*args, **kwargs)``; only public methods are reachable.
-
-        Object references inside the arguments (handles of another group's results) are fetched here, by this
-        process, so the worker receives values and the data never pass through the driver. With ``parts`` the
-        result is split here into separate return objects (the call was made with ``num_returns=len(parts)``).
-        """
-        fn = getattr(self.worker, method, None)
-        if method.startswith("_") or not callable(fn):
-            raise AttributeError(f"{type(self.worker).__name__} has no public method {method!r}")
-        args, kwargs = resolve_refs(payload)
-        result = fn(*args, **kwargs)
-        return result if parts is None else split_parts(result, parts)
-
-
-def _host_actor() -> Any:
-    global _HOST_ACTOR
-    if _HOST_ACTOR is None:
-        import ray
-
-        _HOST_ACTOR = ray.remote(max_restarts=0, max_task_retries=0)(_WorkerHost)
-    return _HOST_ACTOR
 
 
 class RayPendingCall(PendingCall):
@@ -430,7 +366,7 @@ class RayCluster(Cluster):
 
         strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=self._bundle_index[device])
         options = worker_resources(self.placement, device, self.device_type, self.cpus_per_worker)
-        return _host_actor().options(scheduling_strategy=strategy, name=name, **options).remote()
+        return host_actor().options(scheduling_strategy=strategy, name=name, **options).remote()
 
     @staticmethod
     def _kill(hosts: list[Any]) -> None:

@@ -18,10 +18,11 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlrunner.config.checks import family_sections
 from rlrunner.config.compose import compose
 from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
+from rlrunner.config.model_checks import resolve_model_type
 from rlrunner.config.paths import launch_dir, resolve_paths
 from rlrunner.config.rlinf import translate
 from rlrunner.config.schema import RecipeConfig
-from rlrunner.config.validate import resolve_model_type, validate
+from rlrunner.config.validate import validate
 
 logger = logging.getLogger("rlrunner")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rlrunner.cluster.ray_backend import _WorkerHost
+from rlrunner.cluster.ray_host import WorkerHost
 from rlrunner.cluster.shipping import NodeSetupError
 from rlrunner.config.checks import KEY_CHECKS, InPathTable, leaves
 from rlrunner.config.paths import PATH_KEYS, path_key
@@ -55,7 +55,7 @@ def test_an_env_workers_file_missing_on_its_node_fails_before_the_reward_is_buil
                "env.train.reward.token_file=token")
     (tmp_path / "token").unlink()  # on the driver's disk at load time, not on the node that starts the worker
     with pytest.raises(NodeSetupError) as err:
-        _WorkerHost().construct({"RANK": "0", "WORLD_SIZE": "1"}, EnvWorker, (reward_settings(cfg.env),), {})
+        WorkerHost().construct({"RANK": "0", "WORLD_SIZE": "1"}, EnvWorker, (reward_settings(cfg.env),), {})
     assert str(err.value) == (f"cannot read env.train.reward.token_file={str(tmp_path / 'token')!r} (the file is on "
                               "the driver's disk, not on this node); put it in a folder every node mounts at the same "
                               "path")
