@@ -84,6 +84,21 @@ def test_euler_rollout_equals_the_diffusers_pipeline_call(model):
     torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=1e-5)
 
 
+#: a second resolution per family, where the schedule rule (a shift by the image's token count) gives another grid
+SECOND_RESOLUTION = {"sd3": 32, "wan22_ti2v_5b": 64, "wan21_t2v": 64, "wan22_t2v_a14b": 64, "qwen_image": 64,
+                     "zimage": 32, "flux2_klein": 64, "flux1": 64}
+
+
+def test_euler_rollout_equals_the_pipeline_at_a_second_resolution(model_type, load_tiny):
+    model = load_tiny(model_type, resolution=SECOND_RESOLUTION[model_type])
+    _perturb(model, EMA_ADAPTER)
+    cond = model.encode_prompts(PROMPTS[:2])
+    noise = _noise(model, 2, seed=6)
+    ours = model.sample(cond, noise, sampler="euler", num_steps=3, adapter=EMA_ADAPTER)
+    theirs = pipeline_sample(model, cond, noise, num_steps=3, adapter=EMA_ADAPTER)
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=1e-5)
+
+
 def test_guided_euler_rollout_equals_the_diffusers_pipeline_call(model):
     """Guidance > 1 as each pipeline does it: plain CFG for SD3 and Wan, norm-rescaled CFG for Qwen-Image."""
     _perturb(model, EMA_ADAPTER)
