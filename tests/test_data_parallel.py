@@ -87,14 +87,6 @@ def _max_adapter_diff(a: dict, b: dict) -> float:
                for name in ("default", "ema") for key in a["adapters"][name])
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_adapters_do_not_depend_on_the_number_of_actor_ranks_or_the_engine(ray_session, tmp_path):

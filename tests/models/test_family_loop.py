@@ -40,14 +40,6 @@ def _adapters(log_dir: Path, step: int) -> dict[str, dict[str, torch.Tensor]]:
             for adapter, sub in (("default", "adapter"), ("ema", "adapter_ema"))}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
