@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml, with_log_dir
 from rlrunner.console import console_copied_to
-from rlrunner.models import MODEL_FAMILIES
+from rlrunner.models import MODEL_FAMILIES, model_class
 from rlrunner.objectives import OBJECTIVES
 
 # algorithm.<name>_* keys belong to algorithm <name>, except the EMA schedule, which every algorithm uses
@@ -58,13 +58,17 @@ def default_log_dir(cfg_log_path: str, config_name: str) -> Path:
 
 
 def dry_run_view(cfg: DictConfig) -> DictConfig:
-    """The resolved recipe without the blocks it does not use: other model families' settings, other algorithms'
-    keys (the EMA keys ``nft_tau``/``nft_decay_type`` serve every algorithm) and unset reward settings."""
+    """The resolved recipe without the blocks it does not use: other model families' sections and their own
+    settings (:attr:`~rlrunner.models.FlowModel.own_settings`), other algorithms' keys (the EMA keys
+    ``nft_tau``/``nft_decay_type`` serve every algorithm) and unset reward settings."""
     view = OmegaConf.to_container(cfg, resolve=True)
     model = view["actor"]["model"]
     for family in MODEL_FAMILIES:
         if family != model["model_type"]:
             model.pop(family, None)
+    others = {key for family in MODEL_FAMILIES for key in model_class(family).own_settings}
+    for key in others - set(model_class(model["model_type"]).own_settings):
+        model[model["model_type"]].pop(key, None)
     algorithm = view["algorithm"]
     for name in OBJECTIVES:
         if name != algorithm["name"]:
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:  # validates and prints; creates nothing
         print(to_yaml(dry_run_view(cfg)), end="")
         print(f"rlrunner: recipe {args.config_name!r} is valid (dry run; other model families' and algorithms' "
-              "keys and unset reward settings left out above)", file=sys.stderr)
+              "keys, other families' own settings and unset reward settings left out above)", file=sys.stderr)
         return 0
     log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(cfg.runner.logger.log_path, args.config_name)
     cfg = with_log_dir(cfg, log_dir)

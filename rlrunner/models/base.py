@@ -65,6 +65,9 @@ class FlowModel(ComponentPlacement, abc.ABC):
     #: the guidance kinds (:data:`GUIDANCE_KINDS` but ``auto``) this family's pipeline supports; the first is the
     #: default that ``guidance: auto`` picks unless :meth:`default_guidance` knows better from the loaded model
     guidance_kinds: tuple[str, ...] = ("cfg",)
+    #: the family settings (``FamilyConfig`` keys) that only some families read and this one does: a dry run shows
+    #: a family's section without the others' own settings
+    own_settings: tuple[str, ...] = ()
 
     def __init__(self, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         self.cfg = family_cfg

@@ -65,6 +65,7 @@ class WanFlowModel(FlowModel):
     """
 
     model_type = "wan22_ti2v_5b"
+    own_settings = ("condition_mode", "vae_tiling", "vae_slicing")
     pipeline_class_name = "WanPipeline"
     lora_loader_class_name = "WanLoraLoaderMixin"
     vae_class_name = "AutoencoderKLWan"

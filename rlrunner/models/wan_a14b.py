@@ -123,6 +123,7 @@ class WanA14BFlowModel(WanFlowModel):
     LoRA keys start with ``transformer.`` or ``transformer_2.``."""
 
     model_type = "wan22_t2v_a14b"
+    own_settings = (*WanFlowModel.own_settings, "train_experts", "guidance_scale_2", "eval_guidance_scale_2")
     expert_components = ("transformer", "transformer_2")
     lora_load_calls = ({}, {"weight_name": LORA_FILES["transformer_2"], "load_into_transformer_2": True})
 

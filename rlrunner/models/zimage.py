@@ -50,6 +50,7 @@ class ZImageFlowModel(FlowModel):
     """
 
     model_type = "zimage"
+    own_settings = ("cfg_truncation", "cfg_normalization")
     pipeline_class_name = "ZImagePipeline"
     lora_loader_class_name = "ZImageLoraLoaderMixin"
     vae_class_name = "AutoencoderKL"
