@@ -139,7 +139,7 @@ def test_sigkilled_actor_rollout_and_env_workers_cost_no_steps_and_change_no_bit
     finally:
         ray.shutdown()
     assert killed == ["actor", "rollout", "env"]
-    ours, theirs = (torch.load(d / "checkpoints/global_step_4/actor/rank_0.pt", weights_only=False)["adapters"]
+    ours, theirs = (torch.load(d / "checkpoints/global_step_4/actor.pt", weights_only=False)["adapters"]
                     for d in (log_dir, reference))
     for adapter in ("default", "ema"):
         for key, tensor in theirs[adapter].items():

@@ -34,7 +34,8 @@ def test_ten_eval_prompts_on_three_rollout_workers_are_each_scored_once(tmp_path
         runner = Runner(cfg, log_dir, cluster)
         try:
             assert runner.rollout.world_size == 3
-            rollout, reward = runner.rollout_and_score(list(runner.eval_prompts), 1, "eval", StepTimer(), step=0)
+            rows = list(range(len(runner.eval_prompts)))  # every held-out prompt, by its row
+            rollout, reward = runner.rollout_and_score(rows, 1, "eval", StepTimer(), step=0)
         finally:
             runner.close()
     assert rollout.num_samples == 10 and reward.avg.shape == (10,)

@@ -33,7 +33,7 @@ def _run(root: Path, name: str, *overrides: str) -> Path:
 
 
 def _adapters(checkpoint: Path) -> dict[str, dict[str, torch.Tensor]]:
-    return torch.load(checkpoint / "actor" / "rank_0.pt", weights_only=False)["adapters"]
+    return torch.load(checkpoint / "actor.pt", weights_only=False)["adapters"]
 
 
 def _assert_same_adapters(a: Path, b: Path) -> None:

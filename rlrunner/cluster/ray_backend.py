@@ -325,7 +325,9 @@ class RayCluster(Cluster):
             hosts = [self._start_host(d, f"rlrunner-{role}-{rank}-{serial}") for rank, d in enumerate(devices)]
             # only a group that forms a process group (the actor's) waits on collectives, and binds a rendezvous
             # store when it has 2+ ranks (one rank forms its group alone, actor.one_rank_group)
-            timeout = self.worker_timeout_s if getattr(worker_cls, "forms_process_group", False) else None
+            forms = getattr(worker_cls, "forms_process_group", False)  # a bool, or a function of the spawn's arguments
+            forms = forms(*args, **kwargs) if callable(forms) else forms
+            timeout = self.worker_timeout_s if forms else None
             rendezvous = timeout is not None and len(devices) > 1
             started = [(rank, h.node_info.remote(timeout if rank == 0 and rendezvous else None))
                        for rank, h in enumerate(hosts)]

@@ -57,6 +57,11 @@ class RolloutWorker:
         """The local paths this worker reads (checked on its node before it starts; rlrunner.config.paths)."""
         return node_paths("rollout", model_cfg, "actor.model")
 
+    @staticmethod
+    def forms_process_group(*args: Any, context_parallel_size: int = 1, **kwargs: Any) -> bool:
+        """Rollout ranks form a process group only to sample a sequence together (context parallelism)."""
+        return context_parallel_size > 1
+
     def __init__(self, model_cfg: Any, seed: int, *, algorithm_cfg: Any = None, context_parallel_size: int = 1,
                  rank: int = 0, world_size: int = 1) -> None:
         """``algorithm_cfg``: the recipe's ``algorithm`` section (None: the schema's defaults, NFT)."""

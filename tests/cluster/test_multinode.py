@@ -203,7 +203,7 @@ def test_a_lost_node_costs_a_restart_and_no_bit_of_the_adapters(two_nodes):
     assert "rlrunner: restart 1/3: " in stderr
     report = {e["component"]: e["node_id"] for e in json.loads((log_dir / "placement.json").read_text())}
     assert report["rollout"] == report["env"] == two_nodes.worker.node_id  # the new node is recipe node 1
-    ours, theirs = (torch.load(d / "checkpoints/global_step_2/actor/rank_0.pt", weights_only=False)["adapters"]
+    ours, theirs = (torch.load(d / "checkpoints/global_step_2/actor.pt", weights_only=False)["adapters"]
                     for d in (log_dir, reference))
     for adapter in ("default", "ema"):
         for key, tensor in theirs[adapter].items():

@@ -114,7 +114,7 @@ def test_recipe_checks_say_what_cannot_be_split(tmp_path, tiny_dirs, monkeypatch
     # each recipe is otherwise valid: these settings split as asked
     cp_recipe(tmp_path, tiny_dirs, "wan22_ti2v_5b", "actor.context_parallel_size=2", *placement)
     no_plan = _error(tmp_path, tiny_dirs, "qwen_image", "actor.model.model_type=sd3",
-                     f"actor.model.model_path={tiny_dirs('qwen_image')}", "actor.context_parallel_size=2")
+                     f"actor.model.model_path={tiny_dirs('sd3')}", "actor.context_parallel_size=2")
     assert "the sd3 denoiser (SD3Transformer2DModel) has no diffusers _cp_plan; families with one: " in no_plan
     with_plan = no_plan.split("families with one: ")[1].split(", ")
     assert {"wan22_ti2v_5b", "qwen_image"} <= set(with_plan) and not {"sd3", "tiny"} & set(with_plan)
@@ -169,12 +169,12 @@ def test_the_loop_trains_and_resumes_bitwise_with_cp_on_ray(tmp_path, tiny_dirs)
             runs.append(log_dir)
     finally:
         ray.shutdown()
-    full, resumed = (torch.load(d / "checkpoints/global_step_2/actor/rank_0.pt", weights_only=False) for d in runs)
+    full, resumed = (torch.load(d / "checkpoints/global_step_2/actor.pt", weights_only=False) for d in runs)
     assert full["world_size"] == 2
     for name, state in full["adapters"].items():
         assert all(torch.equal(tensor, resumed["adapters"][name][key]) for key, tensor in state.items()), name
     for key, moments in full["optimizer"]["state"].items():
         assert all(torch.equal(v, resumed["optimizer"]["state"][key][k]) for k, v in moments.items()
                    if isinstance(v, torch.Tensor)), key
-    initial = torch.load(runs[0] / "checkpoints/global_step_1/actor/rank_0.pt", weights_only=False)
+    initial = torch.load(runs[0] / "checkpoints/global_step_1/actor.pt", weights_only=False)
     assert any(not torch.equal(t, initial["adapters"]["default"][k]) for k, t in full["adapters"]["default"].items())

@@ -278,7 +278,7 @@ def test_a14b_trains_checkpoints_and_resumes_bitwise(tiny_dirs, tmp_path):
     assert sorted(p.name for p in (checkpoint / "adapter").iterdir()) == sorted(LORA_FILES.values())
     resumed.mkdir()
     run(small_recipe(tmp_path, *settings, f"runner.resume_dir={checkpoint}"), resumed)
-    states = [torch.load(d / "checkpoints/global_step_2/actor/rank_0.pt", weights_only=False) for d in (full, resumed)]
+    states = [torch.load(d / "checkpoints/global_step_2/actor.pt", weights_only=False) for d in (full, resumed)]
     for adapter in ("default", "ema"):
         keys = states[0]["adapters"][adapter]
         assert {k.split(".")[0] for k in keys} == {"transformer", "transformer_2"}
