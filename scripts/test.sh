@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite, setting up the Python environment first (see scripts/env.sh).
-#   bash scripts/test.sh                 # everything, as CI runs it (about 15 minutes on 2 CPU cores)
+#   bash scripts/test.sh                 # everything, as CI runs it (25-45 minutes on 2 CPU cores)
 #   bash scripts/test.sh -m "not slow"   # skip the end-to-end runs (minutes)
 #   bash scripts/test.sh tests/algorithms -x
 set -euo pipefail
