@@ -22,12 +22,13 @@ zero-shot over ``COLORS``); a detection is ``{"label": str, "box": [x0, y0, x1, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from rlrunner.utils.numbers import is_finite_number
 
 THRESHOLD = 0.3
 COUNTING_THRESHOLD = 0.9
@@ -68,19 +69,9 @@ def parse_detections(body: object, count: int) -> list[list[Mapping[str, Any]]]:
     return detections
 
 
-def _is_number(value: object) -> bool:
-    """A finite JSON number (not a bool; an integer too long for a float is not one)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
 def _is_detection(d: object) -> bool:
-    return (isinstance(d, dict) and isinstance(d.get("label"), str) and _is_number(d.get("score"))
-            and isinstance(d.get("box"), list) and len(d["box"]) == 4 and all(_is_number(v) for v in d["box"])
+    return (isinstance(d, dict) and isinstance(d.get("label"), str) and is_finite_number(d.get("score"))
+            and isinstance(d.get("box"), list) and len(d["box"]) == 4 and all(is_finite_number(v) for v in d["box"])
             and (d.get("color") is None or isinstance(d["color"], str)))
 
 

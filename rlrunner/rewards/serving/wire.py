@@ -18,11 +18,12 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import math
 from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image
+
+from rlrunner.utils.numbers import is_finite_number
 
 #: Formats a server decodes; PNG is lossless, so a served reward sees exactly the pixels the local one would.
 IMAGE_FORMATS = ("PNG", "JPEG")
@@ -105,16 +106,6 @@ def data_url_payload(url: str) -> str:
     return url.split(";base64,", 1)[1]
 
 
-def _is_score(value: object) -> bool:
-    """A finite JSON number (an integer too long for a float is not one)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
 def parse_score_response(body: object, frames: Sequence[int | None]) -> list[list[tuple[float, str | None]]]:
     """Per request entry, its ``(score, error)`` pairs from a ``/score`` answer: ``frames[i]`` None for an image
     (one pair, sent as a plain score), else the entry's number of video frames (lists of that length).
@@ -135,7 +126,7 @@ def parse_score_response(body: object, frames: Sequence[int | None]) -> list[lis
                 count or 1):
             raise MalformedMessage(f"expected {count or 1} scores and errors per entry, got {str(reward)[:60]} and "
                                    f"{str(error)[:60]}")
-        if not all(_is_score(s) for s in scores) or not all(r is None or isinstance(r, str) for r in reasons):
+        if not all(is_finite_number(s) for s in scores) or not all(r is None or isinstance(r, str) for r in reasons):
             raise MalformedMessage(f"expected finite numbers and null/string errors, got {str(reward)[:60]} and "
                                    f"{str(error)[:60]}")
         samples.append([(float(s), r) for s, r in zip(scores, reasons)])
