@@ -55,6 +55,30 @@ def small_recipe(root: Path, *overrides: str) -> DictConfig:
     return load_recipe("tiny_nft_ocr", [*SMALL_OVERRIDES, *paths, *overrides])
 
 
+def run_small(root: Path, name: str, *overrides: str) -> Path:
+    """Run :func:`small_recipe` with ``overrides`` in the run folder ``root/logs/name``; returns that folder."""
+    from rlrunner.runner import run
+
+    log_dir = root / "logs" / name
+    log_dir.mkdir(parents=True)
+    run(small_recipe(root, *overrides), log_dir)
+    return log_dir
+
+
+def checkpoint_adapters(checkpoint: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """Both adapters of a checkpoint folder, as its actor state holds them."""
+    return torch.load(checkpoint / "actor.pt", weights_only=False)["adapters"]
+
+
+def assert_same_adapters(a: Path, b: Path) -> None:
+    """Checkpoints ``a`` and ``b`` hold bitwise equal adapters, key by key."""
+    ours, theirs = checkpoint_adapters(a), checkpoint_adapters(b)
+    for adapter in ("default", "ema"):
+        assert ours[adapter].keys() == theirs[adapter].keys(), adapter
+        for key, tensor in theirs[adapter].items():
+            assert torch.equal(ours[adapter][key], tensor), f"{adapter} {key}"
+
+
 def read_metrics(log_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
 

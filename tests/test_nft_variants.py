@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from runner_helpers import small_recipe, spy_on_nft_timesteps, train_metrics
+from runner_helpers import assert_same_adapters, run_small, small_recipe, spy_on_nft_timesteps, train_metrics
 
 from rlrunner.algorithms.samplers import sigma_schedule
 from rlrunner.batch import Batch
-from rlrunner.runner import Runner, run
+from rlrunner.runner import Runner
 from rlrunner.utils.seeding import derive_seed
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.rollout import RolloutWorker
@@ -23,20 +23,7 @@ PROMPTS = ['a sign that says "2345"', 'a sign that says "2346"']
 
 
 def _run(root: Path, name: str, *overrides: str) -> Path:
-    log_dir = root / "logs" / name
-    log_dir.mkdir(parents=True)
-    run(small_recipe(root, *QUIET, *overrides), log_dir)
-    return log_dir
-
-
-def _adapters(checkpoint: Path) -> dict[str, dict[str, torch.Tensor]]:
-    return torch.load(checkpoint / "actor.pt", weights_only=False)["adapters"]
-
-
-def _assert_same_adapters(a: Path, b: Path) -> None:
-    adapters_a, adapters_b = _adapters(a), _adapters(b)
-    for name, state in adapters_a.items():
-        assert all(torch.equal(tensor, adapters_b[name][key]) for key, tensor in state.items()), name
+    return run_small(root, name, *QUIET, *overrides)
 
 
 def _micro(batch: Batch, advantages: torch.Tensor) -> Batch:
@@ -121,7 +108,7 @@ def test_sampler_timesteps_equal_uniform_at_shift_1_and_are_the_shifted_sigmas_a
     steps = ("runner.max_steps=2", "runner.save_interval=0")
     uniform = _run(tmp_path, "uniform", *steps)
     sampler = _run(tmp_path, "sampler", *steps, "algorithm.nft_train_timesteps=sampler")
-    _assert_same_adapters(uniform / "checkpoints/global_step_2", sampler / "checkpoints/global_step_2")
+    assert_same_adapters(uniform / "checkpoints/global_step_2", sampler / "checkpoints/global_step_2")
 
     times = spy_on_nft_timesteps(monkeypatch)
     _run(tmp_path, "shift3", "runner.max_steps=1", "runner.save_interval=0", "algorithm.nft_train_timesteps=sampler",
@@ -159,7 +146,7 @@ def test_rollout_states_resume_exactly(tmp_path, monkeypatch):
             _run(tmp_path, "20260101-000001-states", *options)
     partial = tmp_path / "logs" / "20260101-000001-states" / "checkpoints" / "global_step_2"
     resumed = _run(tmp_path, "20260101-000002-states", *options, f"runner.resume_dir={partial}")
-    _assert_same_adapters(full / "checkpoints/global_step_4", resumed / "checkpoints/global_step_4")
+    assert_same_adapters(full / "checkpoints/global_step_4", resumed / "checkpoints/global_step_4")
     ours, reference = train_metrics(resumed), train_metrics(full)[2:]
     assert [m["step"] for m in ours] == [3, 4]
     for mine, theirs in zip(ours, reference):

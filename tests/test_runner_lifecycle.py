@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runner_helpers import SMALL_OVERRIDES, small_recipe, train_metrics
+from runner_helpers import SMALL_OVERRIDES, assert_same_adapters, run_small, small_recipe, train_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlrunner.checkpoint import CheckpointError, complete_checkpoints
@@ -26,21 +26,7 @@ QUIET = ["runner.val_before_train=false", "runner.val_check_interval=0", "runner
 
 
 def _run(root: Path, name: str, *overrides: str) -> Path:
-    log_dir = root / "logs" / name
-    log_dir.mkdir(parents=True)
-    run(small_recipe(root, *QUIET, *overrides), log_dir)
-    return log_dir
-
-
-def _adapters(checkpoint: Path) -> dict[str, dict[str, torch.Tensor]]:
-    return torch.load(checkpoint / "actor.pt", weights_only=False)["adapters"]
-
-
-def _assert_same_adapters(a: Path, b: Path) -> None:
-    ours, theirs = _adapters(a), _adapters(b)
-    for adapter in ("default", "ema"):
-        for key, tensor in theirs[adapter].items():
-            assert torch.equal(ours[adapter][key], tensor), f"{adapter} {key}"
+    return run_small(root, name, *QUIET, *overrides)
 
 
 def test_a_failed_run_raises_its_own_error_and_still_closes_its_trackers(tmp_path, monkeypatch):
@@ -113,7 +99,7 @@ def test_resume_between_weight_syncs_rolls_out_with_the_adapters_of_the_last_syn
     reference = _run(tmp_path, "20260101-000000-sync", *sync)
     resumed = _run(tmp_path, "20260101-000001-sync", *sync,
                    f"runner.resume_dir={reference / 'checkpoints' / 'global_step_1'}")
-    _assert_same_adapters(resumed / "checkpoints" / "global_step_3", reference / "checkpoints" / "global_step_3")
+    assert_same_adapters(resumed / "checkpoints" / "global_step_3", reference / "checkpoints" / "global_step_3")
     assert [m["env/avg"] for m in train_metrics(resumed)] == [m["env/avg"] for m in train_metrics(reference)][1:]
 
 
@@ -153,4 +139,4 @@ def test_sigterm_mid_step_saves_a_checkpoint_exits_4_and_auto_resume_ends_like_a
     resumed = _run(tmp_path, "20260101-000001-tiny_nft_ocr", "runner.max_steps=4", "runner.save_interval=0",
                    "runner.resume_dir=auto")
     assert [m["step"] for m in train_metrics(resumed)] == list(range(step + 1, 5))
-    _assert_same_adapters(resumed / "checkpoints" / "global_step_4", reference / "checkpoints" / "global_step_4")
+    assert_same_adapters(resumed / "checkpoints" / "global_step_4", reference / "checkpoints" / "global_step_4")
