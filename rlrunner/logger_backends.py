@@ -74,6 +74,10 @@ class WandbTracker:
         if status == "preempted":  # wandb shows the run as preempted, not crashed
             self.run.mark_preempting()
         self.run.finish(exit_code=0 if status == "finished" else 1)
+        # finish() returns once the exit is recorded, but wandb's service process may still hold the run file's last
+        # records in its buffer; teardown waits for the service to close it, so the run folder is whole when the
+        # logger closes, even if the driver exits right after (a preempted run does)
+        self.wandb.teardown()
 
 
 class SwanlabTracker:
