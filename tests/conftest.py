@@ -16,12 +16,18 @@ def ray_session():
     ray.shutdown()
 
 
+# the two longest tests, started before every other: the learning test (two 40-step runs of the default recipe,
+# 7.5 minutes alone) and the device check's rehearsal (2.7 minutes); started late, each trailed the others
+LONGEST = ("test_the_default_recipe_learns_from_its_reward", "test_tiny_check_runs_every_part_and_writes_the_table")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The end-to-end runs (``slow``) first, in their usual order: with test processes (``pytest -n``) the long runs
-    then overlap the many short tests instead of trailing after them in one process. The tests that start a Ray
+    """The longest tests first, then the other end-to-end runs (``slow``) in their usual order: with test processes
+    (``pytest -n``) the long runs then overlap the many short tests instead of trailing after them in one process.
+    The tests that start a Ray
     cluster (``ray``) all go to one test process (``--dist loadgroup``), one cluster at a time: with two clusters at
     once, a Ray run's actor twice waited out its worker timeout (cause not found)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (item.name not in LONGEST, item.get_closest_marker("slow") is None))
     for item in items:
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("ray"))

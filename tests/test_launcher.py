@@ -153,7 +153,7 @@ def test_the_default_recipe_learns_from_its_reward(tmp_path):
     """The default recipe, as a fresh clone runs it, gains more held-out OCR reward (128 prompts, fixed noise) in its
     first LEARNING_STEPS steps than the same recipe trained on shuffled rewards, by at least MARGIN, and at least
     MIN_GAIN (above the eval's step-to-step jitter, about ±0.01). Both runs go at once, one torch thread each on the
-    2 cores (about 5 minutes)."""
+    2 cores (about 7.5 minutes on a quiet machine)."""
     steps = [f"runner.max_steps={LEARNING_STEPS}", f"runner.val_check_interval={LEARNING_STEPS}",
              "runner.save_interval=0", "runner.sample_log_interval=0"]
     env = {**clean_env(), "PYTHON": sys.executable}
