@@ -216,7 +216,7 @@ def test_resume_through_ray_continues_an_in_process_run_exactly(uninterrupted, t
     """A checkpoint is backend-independent: Ray actors pick up an in-process run's step 3 and match its step 6."""
     step3 = uninterrupted / "checkpoints" / "global_step_3"
     resumed = _run(uninterrupted.parents[1], "20260101-000003-ray", "runner.max_steps=6", "runner.save_interval=3",
-                   "cluster.backend=ray", "cluster.num_devices_per_node=3", "cluster.worker_timeout_s=300",
+                   "cluster.backend=ray", "cluster.num_devices_per_node=3", "cluster.worker_timeout_s=120",
                    "cluster.component_placement={actor: 0, rollout: 1, env: 2}", f"runner.resume_dir={step3}")
     assert [m["step"] for m in train_metrics(resumed)] == [4, 5, 6]
     _assert_same_checkpoint(uninterrupted / "checkpoints/global_step_6", resumed / "checkpoints/global_step_6")

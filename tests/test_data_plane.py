@@ -111,7 +111,7 @@ def test_with_ray_the_driver_holds_only_logged_samples_and_the_actor_no_pixels(t
     monkeypatch.setattr("rlrunner.runner.ActorWorker", SpyActor)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the spy is not importable on Ray workers
     cfg = small_recipe(tmp_path, *overrides, "cluster.backend=ray", "cluster.num_devices_per_node=3",
-                       "cluster.worker_timeout_s=300", "cluster.component_placement={actor: 0, rollout: 1, env: 2}")
+                       "cluster.worker_timeout_s=60", "cluster.component_placement={actor: 0, rollout: 1, env: 2}")
     ray_dir = tmp_path / "ray"
     ray_dir.mkdir()
     with create_cluster(cfg.cluster) as cluster:
@@ -174,7 +174,7 @@ def test_with_ray_each_actor_rank_fetches_only_the_rows_it_trains_on(tmp_path, m
     monkeypatch.setattr("rlrunner.runner.ActorWorker", FetchCountingActor)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the spy is not importable on Ray workers
     cfg = small_recipe(tmp_path, *overrides, "cluster.backend=ray", "cluster.num_devices_per_node=4",
-                       "cluster.worker_timeout_s=300", "cluster.component_placement={actor: 0-1, rollout: 2, env: 3}")
+                       "cluster.worker_timeout_s=120", "cluster.component_placement={actor: 0-1, rollout: 2, env: 3}")
     ray_dir = tmp_path / "ray"
     ray_dir.mkdir()
     with create_cluster(cfg.cluster) as cluster:

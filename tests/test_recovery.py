@@ -133,7 +133,7 @@ def test_sigkilled_actor_rollout_and_env_workers_cost_no_steps_and_change_no_bit
         killer = threading.Thread(target=_killer, args=(log_dir, kills, killed), daemon=True)
         killer.start()
         run(small_recipe(tmp_path, *QUIET, "cluster.backend=ray", "cluster.num_devices_per_node=3",
-                         "cluster.worker_timeout_s=300", "cluster.component_placement={actor: 0, rollout: 1, env: 2}"),
+                         "cluster.worker_timeout_s=120", "cluster.component_placement={actor: 0, rollout: 1, env: 2}"),
             log_dir)
         node_ip = ray.util.get_node_ip_address()
     finally:

@@ -100,7 +100,7 @@ def test_ray_run_matches_in_process_run_and_reports_a_dead_worker(tmp_path, loca
     import ray
 
     cfg = small_recipe(tmp_path, "runner.max_steps=3", "runner.save_interval=0", "cluster.backend=ray",
-                       "cluster.num_devices_per_node=3", "cluster.worker_timeout_s=300",
+                       "cluster.num_devices_per_node=3", "cluster.worker_timeout_s=60",
                        "cluster.component_placement={actor: 0, rollout: 1, env: 2}")
     log_dir = tmp_path / "run"
     log_dir.mkdir()
