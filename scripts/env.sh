@@ -18,7 +18,7 @@ except ImportError:
     import paddleocr'
 # ... and what the test suite adds (requirements/dev.txt): only scripts/test.sh needs them
 RLRUNNER_TEST_PROBE="$RLRUNNER_PROBE
-import pytest, hypothesis"
+import pytest, xdist, hypothesis"
 
 # rlrunner_env_ok PYTHON [run|test]: whether PYTHON imports what a run (default) or the test suite needs
 rlrunner_env_ok() {
@@ -37,7 +37,7 @@ rlrunner_pick_python() {
             return 0
         fi
         if [ "$purpose" = test ] && rlrunner_env_ok "$candidate" run; then
-            echo "rlrunner: $candidate runs rlrunner but lacks the test tools (pytest, hypothesis); to test in it" \
+            echo "rlrunner: $candidate runs rlrunner but lacks the test tools (pytest, pytest-xdist, hypothesis); to test in it" \
                 "instead of a new .venv: $candidate -m pip install -r requirements/dev.txt" >&2
         fi
     fi

@@ -21,6 +21,7 @@ def gpu_check(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_tiny_check_runs_every_part_and_writes_the_table(tmp_path):
     result = gpu_check("--out", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
