@@ -70,10 +70,14 @@ def _placement(actor_ranks: int) -> tuple[str, str]:
 
 
 def _dp_run(root: Path, name: str, actor_ranks: int, strategy: str, *overrides: str) -> Path:
+    """One actor rank runs in this process, the reference the Ray runs with more ranks must equal (a Ray run equals
+    an in-process one: tests/test_runner.py), without the start-up of three Ray workers."""
     log_dir = root / "logs" / name
     log_dir.mkdir(parents=True)
     start = time.monotonic()
-    run(small_recipe(root, *DP_RUN, *_placement(actor_ranks), f"actor.strategy={strategy}", *overrides), log_dir)
+    backend = ("cluster.backend=local",) if actor_ranks == 1 else ()
+    run(small_recipe(root, *DP_RUN, *_placement(actor_ranks), f"actor.strategy={strategy}", *backend, *overrides),
+        log_dir)
     print(f"{name}: {time.monotonic() - start:.1f} s")
     return log_dir
 
@@ -92,7 +96,7 @@ def _max_adapter_diff(a: dict, b: dict) -> float:
 def test_adapters_do_not_depend_on_the_number_of_actor_ranks_or_the_engine(ray_session, tmp_path):
     """1, 2 and 4 actor ranks, DDP and FSDP2, same global batch: the same adapters after 2 steps (≤ 1e-5).
     Checkpoints are the same files for every engine and rank count: the 4-rank runs resume the 2-rank runs'
-    step-1 checkpoints (DDP -> FSDP2 and FSDP2 -> DDP) and end where the uninterrupted 1-rank run ends."""
+    step-1 checkpoints (DDP -> FSDP2 and FSDP2 -> DDP) and end where the uninterrupted 1-rank run (in this process) ends."""
     single = _dp_run(tmp_path, "20260101-000000-ddp1", 1, "ddp")
     reference = _actor_state(single, 2)
     assert _max_adapter_diff(reference, _actor_state(single, 1)) > 1e-4  # the second step moved the adapters
@@ -124,7 +128,7 @@ def test_adapters_do_not_depend_on_the_number_of_actor_ranks_or_the_engine(ray_s
 @pytest.mark.parametrize("algorithm", ["awm", "flow_grpo"])
 def test_other_algorithms_train_the_same_adapters_on_one_or_two_ddp_ranks(ray_session, tmp_path, algorithm):
     """FlowGRPO trains on the states its rollout kept and AWM on noise seeded per sample: both give the same adapters
-    on 1 and 2 actor ranks (Ray actors, gloo DDP), placed where placement.json says."""
+    on 1 actor rank (in this process) and 2 (Ray actors, gloo DDP), placed where placement.json says."""
     runs = [_dp_run(tmp_path, f"20260101-00000{ranks}-{algorithm}{ranks}", ranks, "ddp", f"algorithm.name={algorithm}",
                     "runner.max_steps=1") for ranks in (1, 2)]
     single, double = (_actor_state(log_dir, 1) for log_dir in runs)
