@@ -96,7 +96,8 @@ def _max_adapter_diff(a: dict, b: dict) -> float:
 def test_adapters_do_not_depend_on_the_number_of_actor_ranks_or_the_engine(ray_session, tmp_path):
     """1, 2 and 4 actor ranks, DDP and FSDP2, same global batch: the same adapters after 2 steps (≤ 1e-5).
     Checkpoints are the same files for every engine and rank count: the 4-rank runs resume the 2-rank runs'
-    step-1 checkpoints (DDP -> FSDP2 and FSDP2 -> DDP) and end where the uninterrupted 1-rank run (in this process) ends."""
+    step-1 checkpoints (DDP -> FSDP2 and FSDP2 -> DDP) and end where the uninterrupted 1-rank run (in this process)
+    ends."""
     single = _dp_run(tmp_path, "20260101-000000-ddp1", 1, "ddp")
     reference = _actor_state(single, 2)
     assert _max_adapter_diff(reference, _actor_state(single, 1)) > 1e-4  # the second step moved the adapters
