@@ -247,7 +247,8 @@ class Runner(RunCheckpoints):
     def advantages(self, reward: RewardOutput) -> torch.Tensor:
         """Group-relative advantages (GDPO's of multi parts, if any); ``reward_signal`` none/shuffle are controls."""
         alg, keys = self.cfg.algorithm, [k for k in ("part_scores", "part_weights") if k in reward.extra]
-        rewards, *parts = [torch.from_numpy(a) for a in (reward.avg, *(reward.extra[k] for k in keys))]
+        # copies: arrays that came through Ray's object store are read-only, which torch.from_numpy warns about
+        rewards, *parts = [torch.tensor(a) for a in (reward.avg, *(reward.extra[k] for k in keys))]
         if alg.reward_signal == "none":
             return torch.zeros_like(rewards)
         if alg.reward_signal == "shuffle":

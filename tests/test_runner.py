@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,24 @@ def test_ray_run_matches_in_process_run_and_reports_a_dead_worker(tmp_path, loca
             runner.train_step()
         assert time.monotonic() - start < 60
         runner.run_logger.close()
+
+
+def test_advantages_take_read_only_reward_arrays_as_ray_delivers_them(tmp_path):
+    """Arrays that come through Ray's object store are read-only (a single env worker's, with async_reward off, as
+    the default recipe runs): the advantages equal the writable arrays' and torch warns about nothing."""
+    from types import SimpleNamespace
+
+    from rlrunner.rewards.output import RewardOutput
+
+    cfg = small_recipe(tmp_path)
+    scores = np.array([0.1, 0.4, 0.2, 0.9, 0.5, 0.5, 0.3, 0.7], dtype=np.float32)
+    frozen = scores.copy()
+    frozen.setflags(write=False)
+    runner = SimpleNamespace(cfg=cfg, step=1)  # advantages reads only the recipe and the step
+    expected = Runner.advantages(runner, RewardOutput(avg=scores))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(Runner.advantages(runner, RewardOutput(avg=frozen)), expected, rtol=0, atol=0)
 
 
 def test_nonfinite_losses_skip_the_step_and_abort_after_a_streak(tmp_path, monkeypatch):
