@@ -27,7 +27,7 @@ from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.qwen_image import pack_latents, unpack_latents
 from rlrunner.models.schedules import token_shift_kwargs
-from rlrunner.models.shapes import SampleShapes, pipeline_configs
+from rlrunner.models.shapes import SampleShapes
 
 #: the joint-attention projections of both streams (double blocks; ``attn.to_q/k/v`` also match the single blocks'
 #: attention) and both streams' feed-forward layers: the targets of flow_grpo's ``scripts/train_flux.py`` and of
@@ -50,6 +50,7 @@ class Flux1FlowModel(FlowModel):
     model_type = "flux1"
     pipeline_class_name = "FluxPipeline"
     lora_loader_class_name = "FluxLoraLoaderMixin"
+    text_encoder_names = ("text_encoder", "text_encoder_2")
     vae_class_name = "AutoencoderKL"
     lora_target_modules = FLUX1_LORA_TARGETS
     # first = the default of a guidance-embedding transformer (dev); default_guidance reads the loaded folder
@@ -57,13 +58,7 @@ class Flux1FlowModel(FlowModel):
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
-        self.pipe = pipe
-        self.transformer = pipe.transformer
-        self.vae = pipe.vae
-        self.text_encoders = {n: getattr(pipe, n) for n in ("text_encoder", "text_encoder_2")
-                              if getattr(pipe, n) is not None}
-        self.height, self.width = resolution_hw(family_cfg.resolution)
-        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
+        self._hold_pipeline(pipe)
         self._setup_transformer()
 
     def default_guidance(self) -> str:

@@ -26,7 +26,7 @@ from torch import nn
 
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
-from rlrunner.models.shapes import SampleShapes, pipeline_configs
+from rlrunner.models.shapes import SampleShapes
 
 #: both streams' attention projections of the double blocks, and the fused qkv + MLP input and the output
 #: projection of the single blocks, which hold most of the weights (20 of 25 blocks of the 4B): without them most
@@ -82,12 +82,7 @@ class Flux2KleinFlowModel(FlowModel):
         if pipe.transformer.config.guidance_embeds:
             raise ValueError("Flux2KleinPipeline passes no guidance to the transformer, but this one has "
                              "guidance_embeds: true (a FLUX.2-dev transformer?); klein folders have false")
-        self.pipe = pipe
-        self.transformer = pipe.transformer
-        self.vae = pipe.vae
-        self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
-        self.height, self.width = resolution_hw(family_cfg.resolution)
-        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
+        self._hold_pipeline(pipe)
         if self.is_distilled and str(family_cfg.guidance) == "cfg":
             raise ValueError("actor.model.flux2_klein.guidance=cfg on a step-distilled klein (model_index.json "
                              "is_distilled: true), whose pipeline never guides; use none or auto")

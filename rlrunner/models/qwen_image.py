@@ -26,7 +26,7 @@ from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.ragged_text import concat_padded
 from rlrunner.models.schedules import token_shift_kwargs
-from rlrunner.models.shapes import SampleShapes, pipeline_configs
+from rlrunner.models.shapes import SampleShapes
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -68,12 +68,7 @@ class QwenImageFlowModel(FlowModel):
             raise ValueError("guidance-distilled Qwen-Image transformers (guidance_embeds: true) are not supported")
         if int(family_cfg.max_sequence_length) > 1024:
             raise ValueError(f"qwen_image max_sequence_length {family_cfg.max_sequence_length} exceeds 1024")
-        self.pipe = pipe
-        self.transformer = pipe.transformer
-        self.vae = pipe.vae
-        self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
-        self.height, self.width = resolution_hw(family_cfg.resolution)
-        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
+        self._hold_pipeline(pipe)
         self._setup_transformer()
 
     @classmethod

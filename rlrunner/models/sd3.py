@@ -16,7 +16,7 @@ import torch
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
-from rlrunner.models.shapes import SampleShapes, pipeline_configs
+from rlrunner.models.shapes import SampleShapes
 
 CLIP_TOKENS = 77  # the SD3 pipeline's CLIP tokenizer length when it has no tokenizer to ask
 
@@ -31,18 +31,13 @@ class SD3FlowModel(FlowModel):
     model_type = "sd3"
     pipeline_class_name = "StableDiffusion3Pipeline"
     lora_loader_class_name = "SD3LoraLoaderMixin"
+    text_encoder_names = ("text_encoder", "text_encoder_2", "text_encoder_3")
     vae_class_name = "AutoencoderKL"
     lora_target_modules = MMDIT_LORA_TARGETS
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
-        self.pipe = pipe
-        self.transformer = pipe.transformer
-        self.vae = pipe.vae
-        self.text_encoders = {n: getattr(pipe, n) for n in ("text_encoder", "text_encoder_2", "text_encoder_3")
-                              if getattr(pipe, n) is not None}
-        self.height, self.width = resolution_hw(family_cfg.resolution)
-        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
+        self._hold_pipeline(pipe)
         if int(family_cfg.max_sequence_length) > 512:
             raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
         self._setup_transformer()

@@ -27,7 +27,7 @@ import torch
 
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
-from rlrunner.models.shapes import SampleShapes, pipeline_configs
+from rlrunner.models.shapes import SampleShapes
 
 CONDITION_MODES = ("t2v",)
 #: what each Wan layout's model_index.json looks like, for the one-line errors
@@ -84,20 +84,15 @@ class WanFlowModel(FlowModel):
                              f"valid: {list(CONDITION_MODES)}")
         # a hub id's index is checked only here, on the loaded pipeline
         self.check_model_index({**pipe.config, "_class_name": type(pipe).__name__}, "the loaded pipeline")
-        self.pipe = pipe
-        self.transformer = self.denoiser(pipe)
-        self.vae = pipe.vae
+        self._hold_pipeline(pipe, self.denoiser(pipe))
         if self.vae is not None:  # vae_tiling / vae_slicing bound the decode's memory at large frames
             if self._option("vae_tiling"):
                 self.vae.enable_tiling()
             if self._option("vae_slicing"):
                 self.vae.enable_slicing()
-        self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
         self.expand_timesteps = bool(pipe.config.expand_timesteps)
-        self.height, self.width = resolution_hw(family_cfg.resolution)
         self.num_frames = int(family_cfg.num_frames)
         self.patch_size = tuple(pipe.transformer.config.patch_size)
-        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
         self._setup_transformer()
 
     @classmethod

@@ -32,7 +32,7 @@ from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.ragged_text import concat_padded, stack_ragged, unstack_ragged
 from rlrunner.models.schedules import token_shift_mu
-from rlrunner.models.shapes import SampleShapes, pipeline_configs
+from rlrunner.models.shapes import SampleShapes
 
 #: attention and SwiGLU projections of every block (refiners and main layers): DiffSynth-Studio's Z-Image LoRA
 #: targets (``--lora_target_modules "to_q,to_k,to_v,to_out.0,w1,w2,w3"``)
@@ -62,12 +62,7 @@ class ZImageFlowModel(FlowModel):
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
-        self.pipe = pipe
-        self.transformer = pipe.transformer
-        self.vae = pipe.vae
-        self.text_encoders = {"text_encoder": pipe.text_encoder} if pipe.text_encoder is not None else {}
-        self.height, self.width = resolution_hw(family_cfg.resolution)
-        self.shapes = self.sample_shapes(family_cfg, pipeline_configs(pipe))
+        self._hold_pipeline(pipe)
         self._setup_transformer()
 
     @classmethod
