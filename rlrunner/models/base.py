@@ -22,10 +22,8 @@ from torch import nn
 from rlrunner.algorithms.samplers import VelocityFn, VelocityObserver, sample_flow, sigma_schedule
 from rlrunner.models.loading import load_family_pipeline
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters, saved_config, write_lora
-from rlrunner.models.pixels import resolution_hw
 from rlrunner.models.placement import ComponentPlacement
 from rlrunner.models.schedules import pipeline_sigmas
-from rlrunner.models.shapes import pipeline_configs
 
 Cond = dict[str, torch.Tensor]
 #: how guidance reaches a denoiser (``actor.model.<family>.guidance``; ``auto``: the family's default):
@@ -296,17 +294,6 @@ class FlowModel(ComponentPlacement, abc.ABC):
         otherwise overrides this, so that rollouts match the pipeline users load the exported adapter into.
         """
         return v_neg + guidance_scale * (v_cond - v_neg)
-
-    def _hold_pipeline(self, pipe: Any, transformer: nn.Module | None = None) -> None:
-        """Keep ``pipe``, its denoiser (``transformer``, default ``pipe.transformer``), VAE and text encoders, and
-        the sample shapes at this family's settings (``resolution`` and the rest)."""
-        self.pipe = pipe
-        self.transformer = pipe.transformer if transformer is None else transformer
-        self.vae = pipe.vae
-        self.text_encoders = {name: getattr(pipe, name) for name in self.text_encoder_names
-                              if getattr(pipe, name, None) is not None}
-        self.height, self.width = resolution_hw(self.cfg.resolution)
-        self.shapes = self.sample_shapes(self.cfg, pipeline_configs(pipe))
 
     def _setup_transformer(self) -> None:
         """Freeze, optionally checkpoint, add the LoRA adapters (and load ``lora_path``), place on device."""

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.qwen_image import pack_latents, unpack_latents
 from rlrunner.models.schedules import token_shift_kwargs
@@ -58,7 +59,7 @@ class Flux1FlowModel(FlowModel):
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
-        self._hold_pipeline(pipe)
+        hold_pipeline(self, pipe)
         self._setup_transformer()
 
     def default_guidance(self) -> str:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.shapes import SampleShapes
 
@@ -82,7 +83,7 @@ class Flux2KleinFlowModel(FlowModel):
         if pipe.transformer.config.guidance_embeds:
             raise ValueError("Flux2KleinPipeline passes no guidance to the transformer, but this one has "
                              "guidance_embeds: true (a FLUX.2-dev transformer?); klein folders have false")
-        self._hold_pipeline(pipe)
+        hold_pipeline(self, pipe)
         if self.is_distilled and str(family_cfg.guidance) == "cfg":
             raise ValueError("actor.model.flux2_klein.guidance=cfg on a step-distilled klein (model_index.json "
                              "is_distilled: true), whose pipeline never guides; use none or auto")

@@ -1,4 +1,5 @@
-"""Loading a family's diffusers pipeline: the whole of it (rollout workers) or the denoiser alone (the actor).
+"""Loading a family's diffusers pipeline: the whole of it (rollout workers) or the denoiser alone (the actor), and the
+parts a family model takes from it.
 
 ``model_path`` is a local diffusers pipeline folder or a hub id; errors name it. A denoiser-only pipeline is loaded
 with its other components passed as ``None``, so their weights are never read, not even into host memory; their
@@ -16,6 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from rlrunner.models.pixels import resolution_hw
+from rlrunner.models.shapes import pipeline_configs
 
 #: the pipeline components a denoiser-only model (the actor's) loads (transformer_2: the second expert of a
 #: two-expert model; absent elsewhere)
@@ -105,3 +109,16 @@ def skipped_component_configs(model_path: str, index: dict[str, Any], names: Ite
         elif isinstance(component_cls, type) and issubclass(component_cls, nn.Module):  # transformers models
             configs[name] = component_cls.config_class.from_pretrained(model_path, subfolder=name).to_dict()
     return configs
+
+
+def hold_pipeline(model: Any, pipe: Any, transformer: nn.Module | None = None) -> None:
+    """Give ``model`` (a FlowModel) ``pipe``, its denoiser (``transformer``, default ``pipe.transformer``), VAE and the
+    text encoders its family names in ``text_encoder_names`` (those the folder has), and the sample shapes at the
+    family's settings (``resolution`` and the rest)."""
+    model.pipe = pipe
+    model.transformer = pipe.transformer if transformer is None else transformer
+    model.vae = pipe.vae
+    model.text_encoders = {name: getattr(pipe, name) for name in model.text_encoder_names
+                           if getattr(pipe, name, None) is not None}
+    model.height, model.width = resolution_hw(model.cfg.resolution)
+    model.shapes = model.sample_shapes(model.cfg, pipeline_configs(pipe))

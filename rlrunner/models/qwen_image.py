@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.ragged_text import concat_padded
@@ -68,7 +69,7 @@ class QwenImageFlowModel(FlowModel):
             raise ValueError("guidance-distilled Qwen-Image transformers (guidance_embeds: true) are not supported")
         if int(family_cfg.max_sequence_length) > 1024:
             raise ValueError(f"qwen_image max_sequence_length {family_cfg.max_sequence_length} exceeds 1024")
-        self._hold_pipeline(pipe)
+        hold_pipeline(self, pipe)
         self._setup_transformer()
 
     @classmethod

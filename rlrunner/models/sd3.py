@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.shapes import SampleShapes
@@ -37,7 +38,7 @@ class SD3FlowModel(FlowModel):
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
-        self._hold_pipeline(pipe)
+        hold_pipeline(self, pipe)
         if int(family_cfg.max_sequence_length) > 512:
             raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
         self._setup_transformer()

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.shapes import SampleShapes
 
@@ -84,7 +85,7 @@ class WanFlowModel(FlowModel):
                              f"valid: {list(CONDITION_MODES)}")
         # a hub id's index is checked only here, on the loaded pipeline
         self.check_model_index({**pipe.config, "_class_name": type(pipe).__name__}, "the loaded pipeline")
-        self._hold_pipeline(pipe, self.denoiser(pipe))
+        hold_pipeline(self, pipe, self.denoiser(pipe))
         if self.vae is not None:  # vae_tiling / vae_slicing bound the decode's memory at large frames
             if self._option("vae_tiling"):
                 self.vae.enable_tiling()

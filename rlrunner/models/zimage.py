@@ -29,6 +29,7 @@ import torch
 
 from rlrunner.algorithms.samplers import VelocityFn
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.ragged_text import concat_padded, stack_ragged, unstack_ragged
 from rlrunner.models.schedules import token_shift_mu
@@ -62,7 +63,7 @@ class ZImageFlowModel(FlowModel):
 
     def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(family_cfg, device=device, dtype=dtype)
-        self._hold_pipeline(pipe)
+        hold_pipeline(self, pipe)
         self._setup_transformer()
 
     @classmethod
