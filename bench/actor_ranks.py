@@ -33,11 +33,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/
 import torch
 from family_helpers import encode_prompt_batch, make_noise
 
-from rlrunner.batch import Batch
 from rlrunner.cluster import create_cluster
-from rlrunner.cluster.parallelize import Engine, optimizer_step_shards
+from rlrunner.cluster.parallelize import Engine
 from rlrunner.config.loader import load_recipe
 from rlrunner.models import build_model
+from rlrunner.step.batch import Batch
+from rlrunner.step.sample_order import optimizer_step_shards
 from rlrunner.workers.actor import ActorWorker
 
 

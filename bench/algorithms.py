@@ -92,7 +92,7 @@ VARIANTS: dict[str, Variant] = {
 def train(overrides: list[str], log_path: Path) -> Path:
     """One run of the recipe with ``overrides``; returns its log directory."""
     log_path.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "rlrunner.train", "--config-name", RECIPE, *overrides,
+    command = [sys.executable, "-m", "rlrunner.commands.train", "--config-name", RECIPE, *overrides,
                f"runner.logger.log_path={log_path}"]
     with open(log_path / "stdout.log", "w") as out:
         result = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False)

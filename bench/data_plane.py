@@ -20,7 +20,7 @@ chunk for ``grpo_video``). Prints the tensors and the ratios new / today.
 Then the training bytes each actor rank fetches per step (x0 and the algorithm's kept latents, the conditioning of
 the prompts its rows belong to, once each, and an int64 prompt index per row), and per node, for 1 and 8 actor ranks
 per node: today every rank fetches every rollout shard's whole training part and keeps 1/ranks of it; now each
-rank fetches only its rows (:class:`rlrunner.sample_order.TrainPlan`, the runner's own cut of step 0).
+rank fetches only its rows (:class:`rlrunner.step.sample_order.TrainPlan`, the runner's own cut of step 0).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import torch
 
 from rlrunner.cluster.placement import parse_placement
 from rlrunner.config.loader import load_recipe
-from rlrunner.sample_order import TrainPlan
 from rlrunner.sizing.memory import ModelSizes, StepGeometry, format_bytes, model_sizes, step_geometry
+from rlrunner.step.sample_order import TrainPlan
 
 CONFIGS = ROOT / "bench" / "model_configs"
 REFERENCE_RECIPES = {

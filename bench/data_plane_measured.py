@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlrunner import runner as runner_module
 from rlrunner.cluster import create_cluster, ray_backend
 from rlrunner.config.loader import load_recipe
+from rlrunner.run import runner as runner_module
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker
 

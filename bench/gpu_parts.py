@@ -280,8 +280,8 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
     launch may take ``timeout`` seconds."""
     import torch
 
-    from rlrunner.checkpoint import complete_checkpoints
     from rlrunner.config.loader import load_recipe
+    from rlrunner.run.checkpoint import complete_checkpoints
 
     run = profile.run
     prompts = write_prompts(workdir / "prompts")

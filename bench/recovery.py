@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing rlrunner
-from rlrunner.checkpoint import complete_checkpoints
 from rlrunner.config.loader import load_recipe
-from rlrunner.runner import run
+from rlrunner.run.checkpoint import complete_checkpoints
+from rlrunner.run.runner import run
 
 RECIPE = ["cluster.backend=ray", "cluster.num_devices_per_node=3",
           "cluster.component_placement={actor: 0, rollout: 1, env: 2}", "runner.save_interval=1",

@@ -3,7 +3,7 @@
     .venv/bin/python bench/reward_service.py                              # 64 digit images 32x96, rec_only OCR
     .venv/bin/python bench/reward_service.py --size 256 --no-rec-only --num-images 32 --batch-sizes 1 16
 
-Starts ``python -m rlrunner.serve_reward`` on a free 127.0.0.1 port with the same engine and settings as the
+Starts ``python -m rlrunner.commands.serve_reward`` on a free 127.0.0.1 port with the same engine and settings as the
 local reward, scores the same images in batches of each size (one request in flight, as the local reward runs one
 batch at a time), alternating local and remote rounds so that both see the same machine load, and prints
 images/s of both and the ratio of their times (the HTTP path's overhead; target <= 1.2 at batch 16). It also
@@ -59,7 +59,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "rlrunner.serve_reward", "--engine", args.engine, "--port", str(port),
+    command = [sys.executable, "-m", "rlrunner.commands.serve_reward", "--engine", args.engine, "--port", str(port),
                "--set", f"rec_only={str(args.rec_only).lower()}", "--set", f"batch_size={max(args.batch_sizes)}"]
     process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -246,7 +246,7 @@ def evaluate(args: argparse.Namespace) -> dict:
 
     from rlrunner.config.schema import FamilyConfig
     from rlrunner.models.tiny import TinyFlowModel
-    from rlrunner.rewards.base import build_reward
+    from rlrunner.rewards import build_reward
 
     cfg = OmegaConf.structured(FamilyConfig(resolution=list(args.resolution), shift=1.0, use_lora=False))
     model = TinyFlowModel.load(args.out, cfg, device=torch.device("cpu"), dtype=torch.float32)

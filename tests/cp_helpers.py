@@ -14,8 +14,8 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from rlrunner.batch import Batch
-from rlrunner.sample_order import TrainPlan
+from rlrunner.step.batch import Batch
+from rlrunner.step.sample_order import TrainPlan
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.rollout import RolloutWorker
 

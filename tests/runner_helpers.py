@@ -57,7 +57,7 @@ def small_recipe(root: Path, *overrides: str) -> DictConfig:
 
 def run_small(root: Path, name: str, *overrides: str) -> Path:
     """Run :func:`small_recipe` with ``overrides`` in the run folder ``root/logs/name``; returns that folder."""
-    from rlrunner.runner import run
+    from rlrunner.run.runner import run
 
     log_dir = root / "logs" / name
     log_dir.mkdir(parents=True)

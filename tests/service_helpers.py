@@ -79,14 +79,14 @@ def free_port() -> int:
 
 @contextmanager
 def reward_server(*args: str, token: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
-    """``python -m rlrunner.serve_reward ARGS`` on a free loopback port; yields ``(url, process)`` once healthy."""
+    """``python -m rlrunner.commands.serve_reward ARGS`` on a free loopback port; yields ``(url, process)`` once healthy."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     # its output goes to a file: a pipe nobody drains fills up and then blocks the server mid-log
     with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen([sys.executable, "-m", "rlrunner.serve_reward", "--port", str(port), *args],
+        process = subprocess.Popen([sys.executable, "-m", "rlrunner.commands.serve_reward", "--port", str(port), *args],
                                    env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + STARTUP_S

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlrunner.batch import Batch
+from rlrunner.step.batch import Batch
 
 
 def _groups() -> Batch:

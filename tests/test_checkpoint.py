@@ -16,10 +16,10 @@ import torch
 from runner_helpers import small_recipe, train_metrics
 from safetensors.torch import load_file
 
-from rlrunner.checkpoint import ACTOR_FILE, CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
+from rlrunner.commands.export import main as export_main
 from rlrunner.config.errors import RecipeError
-from rlrunner.export import main as export_main
-from rlrunner.runner import Runner, run
+from rlrunner.run.checkpoint import ACTOR_FILE, CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
+from rlrunner.run.runner import Runner, run
 
 TESTS = Path(__file__).resolve().parent
 MODEL_INFO_KEYS = ("model_type", "model_path", "lora_rank", "lora_alpha")
@@ -88,8 +88,8 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous_complete(uninterr
 import sys, time
 sys.path.insert(0, {str(TESTS)!r})
 from pathlib import Path
-import rlrunner.run_checkpoints as runner_module
-from rlrunner.runner import run
+import rlrunner.run.run_checkpoints as runner_module
+from rlrunner.run.runner import run
 from runner_helpers import small_recipe
 original = runner_module.save_checkpoint
 def slow_save(root, step, **kwargs):
@@ -226,8 +226,8 @@ KILLED_RUN = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
-import rlrunner.run_checkpoints as runner_module
-from rlrunner.runner import Runner, run
+import rlrunner.run.run_checkpoints as runner_module
+from rlrunner.run.runner import Runner, run
 from runner_helpers import small_recipe
 kill_step, phase, root, name = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 def die():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlrunner.checkpoint import (
+from rlrunner.run.checkpoint import (
     ACTOR_FILE,
     MANIFEST,
     RUNNER_FILE,
@@ -22,7 +22,7 @@ from rlrunner.checkpoint import (
     newest_loadable_checkpoint,
     save_checkpoint,
 )
-from rlrunner.resume_point import latest_checkpoint, resume_point
+from rlrunner.run.resume_point import latest_checkpoint, resume_point
 
 RECIPE = {"runner": {"logger": {"experiment_name": "exp"}, "resume_allow_changes": False}}
 CONFIG_YAML = "runner:\n  logger:\n    experiment_name: exp\n  resume_allow_changes: false\n"

@@ -13,20 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlrunner.checkpoint import (
+from rlrunner.run.checkpoint import (
     CheckpointError,
     complete_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from rlrunner.resume_point import resolve_resume_dir
+from rlrunner.run.resume_point import resolve_resume_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # saves step 2 twice in the run folder argv[1]; the re-save is killed right before the new copy is renamed in
 RESAVE_KILLED = """
 import os, signal, sys
 from pathlib import Path
-from rlrunner.checkpoint import save_checkpoint
+from rlrunner.run.checkpoint import save_checkpoint
 
 root = Path(sys.argv[1]) / "checkpoints"
 

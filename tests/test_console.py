@@ -18,7 +18,8 @@ from runner_helpers import SMALL_OVERRIDES, make_assets
 from shell_helpers import clean_env
 from tqdm import tqdm
 
-from rlrunner.console import REPO_ROOT, ConsoleTee, command_prefix, report_step
+from rlrunner.config.paths import REPO_DIR as REPO_ROOT
+from rlrunner.tracking.console import ConsoleTee, command_prefix, report_step
 
 
 class Terminal(io.StringIO):

@@ -13,8 +13,9 @@ from diffusers import UNet2DConditionModel
 from runner_helpers import small_recipe, train_metrics
 
 from rlrunner.algorithms.samplers import sample_xt
-from rlrunner.cluster.parallelize import Engine, optimizer_step_shards, parallelize, transformer_blocks
-from rlrunner.runner import run
+from rlrunner.cluster.parallelize import Engine, parallelize, transformer_blocks
+from rlrunner.run.runner import run
+from rlrunner.step.sample_order import optimizer_step_shards
 
 
 def test_each_optimizer_step_covers_the_same_samples_whatever_the_ranks():

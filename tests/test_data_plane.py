@@ -10,8 +10,8 @@ import pytest
 import torch
 from runner_helpers import small_recipe
 
-from rlrunner.batch import Batch
-from rlrunner.runner import Runner, run
+from rlrunner.run.runner import Runner, run
+from rlrunner.step.batch import Batch
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.rollout import RolloutWorker
 
@@ -108,7 +108,7 @@ def test_with_ray_the_driver_holds_only_logged_samples_and_the_actor_no_pixels(t
 
     monkeypatch.setattr(ray_backend, "gather", gather)
     monkeypatch.setattr(ray_backend.RayWorkerGroup, "_submit", submit)
-    monkeypatch.setattr("rlrunner.runner.ActorWorker", SpyActor)
+    monkeypatch.setattr("rlrunner.run.runner.ActorWorker", SpyActor)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the spy is not importable on Ray workers
     cfg = small_recipe(tmp_path, *overrides, "cluster.backend=ray", "cluster.num_devices_per_node=3",
                        "cluster.worker_timeout_s=60", "cluster.component_placement={actor: 0, rollout: 1, env: 2}")
@@ -171,7 +171,7 @@ def test_with_ray_each_actor_rank_fetches_only_the_rows_it_trains_on(tmp_path, m
     # that the adapters match one rank's is tests/test_data_parallel.py; this counts what each rank fetched
     overrides = ["runner.max_steps=1", "runner.save_interval=0", "runner.val_check_interval=0",
                  "runner.val_before_train=false", "runner.sample_log_interval=0"]
-    monkeypatch.setattr("rlrunner.runner.ActorWorker", FetchCountingActor)
+    monkeypatch.setattr("rlrunner.run.runner.ActorWorker", FetchCountingActor)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the spy is not importable on Ray workers
     cfg = small_recipe(tmp_path, *overrides, "cluster.backend=ray", "cluster.num_devices_per_node=4",
                        "cluster.worker_timeout_s=120", "cluster.component_placement={actor: 0-1, rollout: 2, env: 3}")
@@ -197,7 +197,7 @@ def test_with_ray_each_actor_rank_fetches_only_the_rows_it_trains_on(tmp_path, m
 
 
 def test_env_shares_cut_rollout_shards_into_equal_consecutive_pieces():
-    from rlrunner.shares import env_shares
+    from rlrunner.step.shares import env_shares
 
     # 3 shards of 4 samples (12) to 5 env workers: shares of ceil(12 / 5) = 3 samples, the last empty
     assert env_shares([4, 4, 4], 5) == [[(0, 0, 3)], [(0, 3, 4), (1, 0, 2)], [(1, 2, 4), (2, 0, 1)], [(2, 1, 4)],
@@ -207,7 +207,7 @@ def test_env_shares_cut_rollout_shards_into_equal_consecutive_pieces():
 
 
 def test_reward_slices_cut_a_round_once_into_a_slice_per_scorer_thread_of_each_env_worker():
-    from rlrunner.shares import reward_slices
+    from rlrunner.step.shares import reward_slices
 
     # 2 rollout shards of 6 samples, 2 env workers with 3 scorer threads: 6 consecutive slices of 2 samples
     assert reward_slices([6, 6], 2, 3) == [[[(0, 0, 2)], [(0, 2, 4)], [(0, 4, 6)]],

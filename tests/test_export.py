@@ -14,8 +14,8 @@ from runner_helpers import small_recipe
 from safetensors.torch import load_file
 from shell_helpers import ROOT, clean_env
 
-from rlrunner.export import export_adapter, main, model_card
-from rlrunner.runner import run
+from rlrunner.commands.export import export_adapter, main, model_card
+from rlrunner.run.runner import run
 
 
 @pytest.fixture(scope="module")

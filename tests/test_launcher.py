@@ -1,4 +1,4 @@
-"""The launcher end to end: run_diffusion.sh → python -m rlrunner.train, as a user calls it."""
+"""The launcher end to end: run_diffusion.sh → python -m rlrunner.commands.train, as a user calls it."""
 
 import json
 import re
@@ -77,7 +77,7 @@ def test_dry_run_before_the_recipe_name_prints_only_the_blocks_it_uses(tmp_path)
 
 
 def test_python_entry_point_dry_run_starts_nothing(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rlrunner.train", "--dry-run", "--config-name", "tiny_nft_ocr",
+    result = subprocess.run([sys.executable, "-m", "rlrunner.commands.train", "--dry-run", "--config-name", "tiny_nft_ocr",
                              f"runner.logger.log_path={tmp_path}"], check=False, cwd=ROOT, capture_output=True,
                             text=True,
                             timeout=120)

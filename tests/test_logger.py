@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from runner_helpers import small_recipe
 
-from rlrunner.logger import RunLogger, caption_lines, sample_grid
 from rlrunner.rewards import RewardOutput
-from rlrunner.runner import run
+from rlrunner.run.runner import run
+from rlrunner.tracking.logger import RunLogger, caption_lines, sample_grid
 
 
 def test_caption_lines_give_target_reading_and_reward():

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlrunner import logger_backends
 from rlrunner.config.schema import LoggerConfig
-from rlrunner.logger import RunLogger
+from rlrunner.tracking import backends as logger_backends
+from rlrunner.tracking.logger import RunLogger
 
 IMAGES = np.full((2, 8, 8, 3), 200, np.uint8)
 PROMPTS = ['a sign that says "ab"', 'a sign that says "cd"']

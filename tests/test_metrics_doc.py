@@ -10,7 +10,7 @@ from runner_helpers import read_metrics, small_recipe
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlrunner.objectives import OBJECTIVES
-from rlrunner.runner import run
+from rlrunner.run.runner import run
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 

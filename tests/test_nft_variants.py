@@ -11,8 +11,8 @@ import torch
 from runner_helpers import assert_same_adapters, run_small, small_recipe, spy_on_nft_timesteps, train_metrics
 
 from rlrunner.algorithms.samplers import sigma_schedule
-from rlrunner.batch import Batch
-from rlrunner.runner import Runner
+from rlrunner.run.runner import Runner
+from rlrunner.step.batch import Batch
 from rlrunner.utils.seeding import derive_seed
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.rollout import RolloutWorker

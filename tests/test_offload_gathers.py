@@ -14,7 +14,7 @@ import pytest
 from offload_probe import LOG_DIR_ENV
 from runner_helpers import small_recipe
 
-from rlrunner.runner import run
+from rlrunner.run.runner import run
 from rlrunner.workers.actor import ActorWorker
 
 ROOT = Path(__file__).resolve().parents[1]

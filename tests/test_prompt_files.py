@@ -12,11 +12,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlrunner.batch import Batch
 from rlrunner.config.schema import EnvConfig
 from rlrunner.data.prompts import PromptSet, load_prompt_set, load_prompts
 from rlrunner.rewards import Reward, RewardOutput, build_reward
 from rlrunner.rewards.registry import REWARDS
+from rlrunner.step.batch import Batch
 from rlrunner.workers.env import EnvWorker
 
 RECORDS = [{"prompt": 'a sign that says "ab"', "tag": "single_object", "include": [{"class": "sign", "count": 1}]},
@@ -162,8 +162,8 @@ def test_a_run_rewards_jsonl_metadata_and_logs_to_every_backend(tmp_path: Path, 
     ids and scores); the trackers get the scalars."""
     from runner_helpers import small_recipe, train_metrics
 
-    from rlrunner.logger_backends import missing
-    from rlrunner.runner import run
+    from rlrunner.run.runner import run
+    from rlrunner.tracking.backends import missing
 
     backends = ["tensorboard", *(b for b in ("wandb", "swanlab", "mlflow") if not missing([b]))]
     monkeypatch.setenv("WANDB_MODE", "offline")

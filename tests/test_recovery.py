@@ -14,11 +14,11 @@ import pytest
 import torch
 from runner_helpers import read_metrics, small_recipe, train_metrics
 
-from rlrunner.checkpoint import complete_checkpoints
 from rlrunner.cluster import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut, create_cluster
-from rlrunner.recovery import RestartPolicy, failure_cause
-from rlrunner.runner import Runner, run
-from rlrunner.supervisor import supervise
+from rlrunner.run.checkpoint import complete_checkpoints
+from rlrunner.run.recovery import RestartPolicy, failure_cause
+from rlrunner.run.runner import Runner, run
+from rlrunner.run.supervisor import supervise
 
 QUIET = ["runner.val_before_train=false", "runner.val_check_interval=0", "runner.sample_log_interval=0",
          "runner.save_interval=1", "runner.max_steps=4"]

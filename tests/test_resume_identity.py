@@ -14,10 +14,10 @@ import yaml
 from omegaconf import OmegaConf
 from runner_helpers import SMALL_OVERRIDES, small_recipe, train_metrics
 
-from rlrunner.checkpoint import CheckpointError, save_checkpoint
 from rlrunner.config.loader import to_yaml
-from rlrunner.resume_point import resume_point
-from rlrunner.runner import run
+from rlrunner.run.checkpoint import CheckpointError, save_checkpoint
+from rlrunner.run.resume_point import resume_point
+from rlrunner.run.runner import run
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_EVAL = ["runner.val_before_train=false", "runner.val_check_interval=0", "runner.save_interval=1"]

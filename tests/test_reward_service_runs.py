@@ -9,10 +9,10 @@ import pytest
 from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
 from service_helpers import free_port, reward_server, stop
 
-from rlrunner.checkpoint import complete_checkpoints
+from rlrunner.commands.train import EXIT_REWARD_UNAVAILABLE, main
 from rlrunner.rewards import installed_engines
-from rlrunner.runner import Runner
-from rlrunner.train import EXIT_REWARD_UNAVAILABLE, main
+from rlrunner.run.checkpoint import complete_checkpoints
+from rlrunner.run.runner import Runner
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif("rapidocr" not in installed_engines(), reason="needs rapidocr")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def overrides(root: Path, *extra: str) -> list[str]:
 
 
 def train(root: Path, recipe: str, options: list[str]) -> int:
-    """``python -m rlrunner.train`` in this process (so a test can act between steps); returns its exit code."""
+    """``python -m rlrunner.commands.train`` in this process (so a test can act between steps); returns its exit code."""
     log_dir = root / "run"
     return main(["--config-name", recipe, "--log-dir", str(log_dir), *options])
 

@@ -14,7 +14,7 @@ from runner_helpers import read_metrics, small_recipe, spy_on_sampling, train_me
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlrunner.cluster import WorkerError
-from rlrunner.runner import Runner, run
+from rlrunner.run.runner import Runner, run
 
 REQUIRED_TAGS = {
     "env/avg", "env/reward_errors", "train/actor/nft_loss", "train/actor/ema_tau", "train/actor/delta_v_norm",

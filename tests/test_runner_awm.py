@@ -15,7 +15,7 @@ from rlrunner.config.schema import AlgorithmConfig
 from rlrunner.models import build_model
 from rlrunner.objectives import MicroBatch
 from rlrunner.objectives.awm import TIMESTEPS
-from rlrunner.runner import run
+from rlrunner.run.runner import run
 
 
 def awm_run(root, *overrides: str) -> list[dict]:

@@ -10,9 +10,9 @@ import pytest
 from runner_helpers import make_assets, small_recipe, train_metrics
 
 from rlrunner.cluster import create_cluster
-from rlrunner.logger import StepTimer
-from rlrunner.runner import Runner
-from rlrunner.shares import split_evenly
+from rlrunner.run.runner import Runner
+from rlrunner.step.shares import split_evenly
+from rlrunner.tracking.logger import StepTimer
 
 
 def test_split_shares_unevenly_and_drops_nothing():
@@ -93,7 +93,7 @@ def test_evals_score_the_trained_adapter_between_weight_syncs(tmp_path, monkeypa
     has trained so far (the one its checkpoint of that step holds), and training rollouts keep the last sync's."""
     import torch
 
-    from rlrunner.runner import run
+    from rlrunner.run.runner import run
     from rlrunner.workers.rollout import RolloutWorker
 
     seen = []  # (mode, step, both adapters as the rollout worker holds them when it samples)

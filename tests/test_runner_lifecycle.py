@@ -16,9 +16,9 @@ import torch
 from runner_helpers import SMALL_OVERRIDES, assert_same_adapters, run_small, small_recipe, train_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlrunner.checkpoint import CheckpointError, complete_checkpoints
-from rlrunner.runner import Runner, run
-from rlrunner.train import EXIT_PREEMPTED
+from rlrunner.commands.train import EXIT_PREEMPTED
+from rlrunner.run.checkpoint import CheckpointError, complete_checkpoints
+from rlrunner.run.runner import Runner, run
 from rlrunner.workers.env import EnvWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_sigterm_mid_step_saves_a_checkpoint_exits_4_and_auto_resume_ends_like_a
     log_dir = tmp_path / "logs" / "20260101-000000-tiny_nft_ocr"
     paths = [f"actor.model.model_path={tmp_path / 'model'}", f"env.train.dataset.path={tmp_path / 'data'}",
              f"env.eval.dataset.path={tmp_path / 'data'}", f"runner.logger.log_path={tmp_path / 'logs'}"]
-    command = [sys.executable, "-m", "rlrunner.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
+    command = [sys.executable, "-m", "rlrunner.commands.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
                *SMALL_OVERRIDES, *paths, *common]
     with open(tmp_path / "stderr", "w") as stderr:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,

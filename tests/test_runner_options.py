@@ -11,7 +11,7 @@ import torch
 from runner_helpers import small_recipe, spy_on_nft_timesteps, train_metrics
 
 import rlrunner.objectives.nft as nft_objective_module
-from rlrunner.runner import run
+from rlrunner.run.runner import run
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.rollout import RolloutWorker
 

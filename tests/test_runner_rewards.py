@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from runner_helpers import make_assets, train_metrics
 
-import rlrunner.runner as runner_module
+import rlrunner.run.runner as runner_module
 from rlrunner.config.loader import load_recipe
-from rlrunner.runner import run
+from rlrunner.run.runner import run
 
 pytestmark = pytest.mark.slow
 SMALL = ["actor.model.tiny.resolution=[16,32]", "actor.model.tiny.num_steps=2", "actor.model.tiny.lora_rank=4",

@@ -1,13 +1,13 @@
-"""The sample-position contract (rlrunner/sample_order.py): train order, rows per actor rank, positions."""
+"""The sample-position contract (rlrunner/step/sample_order.py): train order, rows per actor rank, positions."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlrunner.batch import Batch
-from rlrunner.data_plane import RolloutParts
-from rlrunner.sample_order import TrainPlan, noise_seed, optimizer_step_shards, train_order
+from rlrunner.step.batch import Batch
+from rlrunner.step.data_plane import RolloutParts
+from rlrunner.step.sample_order import TrainPlan, noise_seed, optimizer_step_shards, train_order
 from rlrunner.utils.seeding import derive_seed
 from rlrunner.workers.rollout import RolloutOutput
 

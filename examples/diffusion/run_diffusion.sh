@@ -55,10 +55,10 @@ export RLRUNNER_CALLER_CWD="$PWD"  # where the user's shell is: the closing summ
 cd "$ROOT"
 if [ ${#dry_run[@]} -gt 0 ] || { [ ! -f "$CONFIG_DIR/$name.yaml" ] && [ ! -f "$name" ]; }; then
     # a dry run validates and prints, leaving no log folder behind; an unknown name gets the list of recipes
-    exec "$PY" -m rlrunner.train --config-name "$name" --dry-run "${args[@]}"
+    exec "$PY" -m rlrunner.commands.train --config-name "$name" --dry-run "${args[@]}"
 fi
 # The run writes its own console.log (the progress bar keeps the terminal) and creates the log folder only once
 # the recipe is valid.
-exec "$PY" -u -m rlrunner.train --config-name "$name" \
+exec "$PY" -u -m rlrunner.commands.train --config-name "$name" \
     --log-dir "${RLRUNNER_LOG_ROOT:-$ROOT/logs}/$(date +%Y%m%d-%H%M%S)-$(basename "$name" .yaml)" \
     --command-line "${command_line% }" "${args[@]}"

@@ -1,4 +1,7 @@
-"""Pure tensor math of DiffusionNFT: the loss, advantages, EMA schedules and flow samplers (imports only torch)."""
+"""Pure tensor math of DiffusionNFT: the loss, advantages, EMA schedules and flow samplers (imports only torch).
+
+May import: nothing of rlrunner
+"""
 
 from rlrunner.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,

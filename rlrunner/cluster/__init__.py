@@ -15,6 +15,8 @@ workers as values (Ray: object references fetched by the receiving process; in-p
 
     pending = rollout.scatter_async("generate", args, per_rank_parts=[(attrgetter("train"), attrgetter("scored"))] * n)
     env.scatter("submit", [(handle,) for handle in pending.part(1).handles()])
+
+May import: rlrunner.config, rlrunner.utils
 """
 
 from rlrunner.cluster.base import (

@@ -24,9 +24,9 @@ The model files know nothing of this: the DDP wrapper is a thin module that call
 hooks the denoiser's own modules in place. Every rank must make the same engine calls in the same order
 (forwards, backwards, :meth:`Engine.clip_grad_norm`, and gathering full tensors for checkpoints and weight sync).
 
-Which samples each rank trains on, and in what order, is the contract of :mod:`rlrunner.sample_order`
-(:func:`optimizer_step_shards` is re-exported here: optimizer step ``k`` always covers positions ``[k·G, (k+1)·G)``
-of the shuffled batch, ``G = global_batch_size``, whatever the number of ranks).
+Which samples each rank trains on, and in what order, is the contract of :mod:`rlrunner.step.sample_order`
+(:func:`~rlrunner.step.sample_order.optimizer_step_shards`: optimizer step ``k`` always covers positions
+``[k·G, (k+1)·G)`` of the shuffled batch, ``G = global_batch_size``, whatever the number of ranks).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import torch
 from torch import nn
 
 from rlrunner.cluster.context_parallel import flat_mesh, parallel_mesh
-from rlrunner.sample_order import optimizer_step_shards  # noqa: F401  (re-exported, see the docstring)
 
 
 class Engine:

@@ -191,7 +191,7 @@ KEY_CHECKS: dict[str, Check] = {
     "runner.logger.log_path": InPathTable("a folder, created at start"),
     "runner.logger.experiment_name": Free("any text"),
     "runner.logger.project_name": Free("any text"),
-    "runner.logger.logger_backends": Each(Choice(_registry("rlrunner.logger", "LOGGER_BACKENDS"))),
+    "runner.logger.logger_backends": Each(Choice(_registry("rlrunner.tracking.logger", "LOGGER_BACKENDS"))),
     "algorithm.name": Choice(_registry("rlrunner.objectives", "OBJECTIVES")),
     "algorithm.group_size": Range(low=2, meaning="group-relative advantages need 2 or more samples per prompt"),
     "algorithm.adv_type": Choice(_registry("rlrunner.algorithms.advantages", "ADVANTAGE_ESTIMATORS")),

@@ -182,7 +182,7 @@ class RewardConfig:
     frame_interval: int = 4
     batch_size: int = 16
     # scorer threads of each env worker, each with its own OCR engine (cluster.cpus_per_worker / num_workers inference
-    # threads); the driver cuts each rollout round once into num_workers slices per env worker (rlrunner/shares.py)
+    # threads); the driver cuts each rollout round once into num_workers slices per env worker (rlrunner/step/shares.py)
     num_workers: int = 1
     weight: float = 1.0
     alphabet: str = ""  # keep only these characters of the recognised text before scoring
@@ -197,7 +197,7 @@ class RewardConfig:
     processor_path: str = ""
     head_path: str = ""
     precision: str = "fp32"
-    # model: remote -- a reward server (python -m rlrunner.serve_reward), e.g. http://127.0.0.1:8000
+    # model: remote -- a reward server (python -m rlrunner.commands.serve_reward), e.g. http://127.0.0.1:8000
     url: str = ""
     token_file: str = ""  # file with the server's bearer token ("" = none; the server needs one off loopback)
     # model: vlm_ocr -- an OpenAI-compatible endpoint (vLLM: http://HOST:PORT/v1) and its model name

@@ -97,7 +97,7 @@ def _check_resume(cfg: DictConfig) -> None:
 
 def _check_logger(cfg: DictConfig) -> None:
     """Each tracker in runner.logger.logger_backends is installed: found here, before any worker starts."""
-    from rlrunner.logger_backends import install_hint, missing
+    from rlrunner.tracking.backends import install_hint, missing
 
     absent = missing(list(cfg.runner.logger.logger_backends))
     if absent:
@@ -221,7 +221,7 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     """Reject contradictory or impossible recipes; ``base_dir`` anchors relative paths.
 
     First every key on its own (:data:`rlrunner.config.checks.KEY_CHECKS`), then the checks across keys.
-    ``check_datasets=False`` skips the prompt files (``rlrunner.plan`` sizes a run without reading prompts).
+    ``check_datasets=False`` skips the prompt files (``rlrunner.commands.plan`` sizes a run without reading prompts).
     """
     from rlrunner.cluster import detect_devices_per_node, parse_placement
 

@@ -2,7 +2,7 @@
 
 Each family's ``sample_shapes(family_cfg, configs)`` classmethod applies the same rules its pipeline applies
 (VAE factors, patch sizes, text lengths) to plain config dicts, so a loaded model and the memory plan
-(:mod:`rlrunner.plan`) agree by construction: the families take their own ``latent_shape`` from it.
+(:mod:`rlrunner.commands.plan`) agree by construction: the families take their own ``latent_shape`` from it.
 """
 
 from __future__ import annotations

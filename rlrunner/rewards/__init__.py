@@ -8,10 +8,12 @@
 
 Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility``, the CLIP family ``pickscore``,
 ``clipscore``, ``aesthetic``, ``hpsv2`` (``rewards/clip``), and the HTTP clients ``remote``
-(a reward server, ``python -m rlrunner.serve_reward``; ``rewards/serving``), ``vlm_ocr`` (``rewards/ocr``), the VLM
+(a reward server, ``python -m rlrunner.commands.serve_reward``; ``rewards/serving``), ``vlm_ocr`` (``rewards/ocr``), the VLM
 judges ``unifiedreward``, ``unifiedreward2``, ``vlm_yesno`` (``rewards/judges``) and ``geneval``
 (``rewards/geneval``, a detector server) (``reward.model``); types ``single`` and ``multi``
 (``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``).
+
+May import: rlrunner.config, rlrunner.sizing, rlrunner.utils
 """
 
 from . import clip, geneval, image_stats, judges, multi, ocr, serving  # noqa: F401  (modules register themselves)

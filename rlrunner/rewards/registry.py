@@ -122,7 +122,7 @@ class Reward(ABC):
     @classmethod
     def device_memory(cls, spec: RewardConfig) -> list[tuple[str, int, str]]:
         """``(name, bytes, detail)`` of each model this reward would hold on the env worker's device, from config
-        files alone (``python -m rlrunner.plan``); bytes < 0 means not counted (``detail`` says why)."""
+        files alone (``python -m rlrunner.commands.plan``); bytes < 0 means not counted (``detail`` says why)."""
         return []
 
     def warn_once(self, reason: str, detail: str) -> None:

@@ -9,7 +9,7 @@ Threads, not processes: ONNX Runtime and Paddle release the GIL during inference
 without pickling image batches to other processes (measured in ``bench/ocr_throughput.py``). Each submitted batch
 is one task for one of the ``num_workers`` threads (each borrows its own OCR engine with ``cpus / num_workers``
 inference threads, ``cpus`` being the worker's CPU reservation); the scorer never splits a batch itself:
-``submit_all`` takes the slices the driver cut (:func:`rlrunner.shares.reward_slices`, the one place where reward
+``submit_all`` takes the slices the driver cut (:func:`rlrunner.step.shares.reward_slices`, the one place where reward
 work is divided) and joins their outputs in order.
 No Ray here: the cluster layer can wrap the scorer or the reward in an actor.
 """

@@ -1,0 +1,7 @@
+"""The three kinds of worker, as plain classes whose public methods are the whole remote surface: rollout
+(samples with the EMA policy), env (decodes and scores), actor (the update, EMA and adapter exports). They know
+nothing of Ray: ``rlrunner.cluster`` places and calls them.
+
+May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.objectives,
+rlrunner.rewards, rlrunner.step, rlrunner.utils
+"""

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
-from rlrunner.batch import Batch
 from rlrunner.cluster.parallelize import local_shards, parallelize
 from rlrunner.config.paths import node_paths
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.objectives import MicroBatch, build_objective
-from rlrunner.sample_order import noise_seed
+from rlrunner.step.batch import Batch
+from rlrunner.step.sample_order import noise_seed
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
 
@@ -77,7 +77,7 @@ class ActorWorker:
     # ------------------------------------------------------------------ training
     def update(self, rollout: list[Batch], index: torch.Tensor, sample_index: torch.Tensor, advantages: torch.Tensor,
                step: int) -> dict[str, float]:
-        """Train on this rank's samples (see :mod:`rlrunner.sample_order`): rows ``index`` (int64 ``[n]``, in
+        """Train on this rank's samples (see :mod:`rlrunner.step.sample_order`): rows ``index`` (int64 ``[n]``, in
         training order) of ``rollout``, this rank's training parts of the rollout shards joined in order (``x0``,
         per-prompt ``cond.*``), with their positions in the step's shuffled order ``sample_index`` ``[n]`` (seeds of
         their training noise) and ``advantages`` ``[n]`` or ``[n, K]``. The k-th ``global_batch_size / groups``
@@ -176,7 +176,7 @@ class ActorWorker:
         were offloaded.
 
         Everything that gathers (or loads) adapters or optimizer state runs in it, so that a host tensor never
-        reaches a collective: the contract is :class:`rlrunner.device_turns.DeviceTurns`'s, whose ``actor_call``
+        reaches a collective: the contract is :class:`rlrunner.step.device_turns.DeviceTurns`'s, whose ``actor_call``
         hands the actor the device first, so that there this is a no-op; it guards other callers.
         """
         offloaded = self.offloaded

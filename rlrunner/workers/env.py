@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from rlrunner.batch import Batch
 from rlrunner.config.paths import node_paths
 from rlrunner.rewards import AsyncRewardScorer, RewardOutput, build_reward
+from rlrunner.step.batch import Batch
 
 SPLITS = ("train", "eval")
 
@@ -29,7 +29,7 @@ class EnvWorker:
     Scoring is asynchronous inside the worker: ``submit`` returns a ticket at once and the reward's scorer
     threads work while the driver goes on (e.g. with the next rollout round); ``collect`` waits for the result.
     This overlaps reward and rollout with every backend, in-process included. The worker scores the slices the
-    driver cut (:func:`rlrunner.shares.reward_slices`) as they come, one per scorer thread, never re-splitting.
+    driver cut (:func:`rlrunner.step.shares.reward_slices`) as they come, one per scorer thread, never re-splitting.
     """
 
     @staticmethod

@@ -7,16 +7,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from rlrunner.batch import Batch
 from rlrunner.config.paths import node_paths
 from rlrunner.models import TRAINED_ADAPTER, build_model
 from rlrunner.objectives import build_objective
+from rlrunner.step.batch import Batch
 from rlrunner.utils.seeding import derive_seed
 
 
 class RolloutOutput(NamedTuple):
     """A rollout shard in the parts that go to different places (cut where it is computed and read by name:
-    :class:`rlrunner.data_plane.RolloutParts`, so that the actor never receives pixels and the driver only what it
+    :class:`rlrunner.step.data_plane.RolloutParts`, so that the actor never receives pixels and the driver only what it
     logs).
 
     ``train``: tensor ``x0`` ``[N, *latent_shape]`` (float32), per-prompt conditioning ``cond.<name>``
@@ -30,7 +30,7 @@ class RolloutOutput(NamedTuple):
 
     def train_rows(self, rows: list[int]) -> Batch:
         """The training part's samples ``rows`` (ascending): one actor rank's share (:meth:`TrainPlan.shard_rows
-        <rlrunner.sample_order.TrainPlan.shard_rows>`), copied out, so that the rank fetches nothing else."""
+        <rlrunner.step.sample_order.TrainPlan.shard_rows>`), copied out, so that the rank fetches nothing else."""
         return self.train.select(rows)
 
     def first(self, n: int) -> Batch:

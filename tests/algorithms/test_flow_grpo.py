@@ -21,7 +21,7 @@ from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import write_random_tiny
 from rlrunner.objectives import MicroBatch, build_objective
-from rlrunner.runner import run
+from rlrunner.run.runner import run
 
 X = torch.tensor([[1.0, 2.0]])
 V = torch.tensor([[0.5, -1.0]])

@@ -24,7 +24,7 @@ import ray
 from ray.cluster_utils import Cluster
 from test_ray_backend import _Alarm
 
-from rlrunner.checkpoint import complete_checkpoints
+from rlrunner.run.checkpoint import complete_checkpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the runner tests' recipe helpers
 from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
@@ -75,11 +75,11 @@ def two_nodes(tmp_path_factory):
 
 @contextmanager
 def training(nodes: SimpleNamespace, name: str, *overrides: str) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
-    """``python -m rlrunner.train`` joining the cluster by ``cluster.ray_address``: the process, its log dir and
+    """``python -m rlrunner.commands.train`` joining the cluster by ``cluster.ray_address``: the process, its log dir and
     the file its stderr goes to (a file, not a pipe, so a chatty run never blocks). The process is killed on
     leaving the block if it still runs (a failed assertion, a timeout)."""
     log_dir = nodes.root / "logs" / name
-    command = [sys.executable, "-m", "rlrunner.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
+    command = [sys.executable, "-m", "rlrunner.commands.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
                *SMALL_OVERRIDES, *nodes.paths, f"cluster.ray_address={nodes.address}", *overrides]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT)
@@ -178,7 +178,7 @@ def test_a_lost_node_costs_a_restart_and_no_bit_of_the_adapters(two_nodes):
     Runs last: it replaces the module's worker node."""
     import torch
 
-    from rlrunner.runner import run
+    from rlrunner.run.runner import run
 
     one_actor = [*[o for o in SPLIT if not o.startswith(("cluster.component_placement", "runner.max_steps"))],
                  "cluster.component_placement={actor: 0, rollout: 2, env: 3}", "runner.max_steps=2"]

@@ -151,7 +151,7 @@ def _wait_for_two_nodes(address: str, procs: list[subprocess.Popen], root: Path)
 
 def _train(nodes: SimpleNamespace, name: str, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
     log_dir = nodes.root / "logs" / name
-    command = [sys.executable, "-m", "rlrunner.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
+    command = [sys.executable, "-m", "rlrunner.commands.train", "--config-name", "tiny_nft_ocr", "--log-dir", str(log_dir),
                *SMALL_OVERRIDES, *nodes.paths, *SPLIT, *overrides]
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **RAY_ENV, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
@@ -197,7 +197,7 @@ def test_shipped_code_trains_there_and_only_the_driver_writes_files(cluster):
         assert (ckpt / folder / "pytorch_lora_weights.safetensors").is_file(), folder
     assert not list((log_dir / "checkpoints").glob("*.tmp"))
     out = cluster.root / "exported"
-    export = subprocess.run([sys.executable, "-m", "rlrunner.export", str(ckpt), "--out", str(out)], cwd=ROOT,
+    export = subprocess.run([sys.executable, "-m", "rlrunner.commands.export", str(ckpt), "--out", str(out)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120, check=False)
     assert export.returncode == 0 and (out / "pytorch_lora_weights.safetensors").is_file(), export.stderr
     resumed, resumed_dir = _train(cluster, "20260101-000002-resumed", "runner.max_steps=3",

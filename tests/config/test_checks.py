@@ -106,7 +106,7 @@ def test_multi_reward_parts_are_checked_like_rewards(recipe_dir):
 
 
 def test_a_logger_backend_that_is_not_installed_stops_the_recipe_with_its_install_line(recipe_dir, monkeypatch):
-    from rlrunner import logger_backends
+    from rlrunner.tracking import backends as logger_backends
 
     monkeypatch.setitem(logger_backends.PACKAGES, "swanlab", ("swanlab_not_installed_here", "swanlab"))
     with pytest.raises(RecipeError) as err:

@@ -151,7 +151,7 @@ def test_the_loop_trains_and_resumes_bitwise_with_cp_on_ray(tmp_path, tiny_dirs)
     """Actor cp 2 and rollout cp 2 on 2 devices (env on a third), Ray actors in gloo groups: 2 steps, then the same run resumed from
     its step-1 checkpoint ends with the same adapters and optimizer state, bit for bit."""
     ray = pytest.importorskip("ray")
-    from rlrunner.runner import run
+    from rlrunner.run.runner import run
 
     cfg_overrides = ["cluster.backend=ray", "cluster.num_devices_per_node=3", "cluster.worker_timeout_s=300",
                      "cluster.component_placement={'actor,rollout': 0-1, env: 2}",

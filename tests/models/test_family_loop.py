@@ -21,7 +21,7 @@ import pytest
 import torch
 from runner_helpers import train_metrics
 
-from rlrunner.runner import run
+from rlrunner.run.runner import run
 from tests.models.conftest import TINY_FAMILY_SETTINGS
 
 FAMILIES = ["sd3", "wan22_ti2v_5b", "wan21_t2v", "wan22_t2v_a14b", "qwen_image", "zimage", "flux2_klein", "flux1"]
@@ -87,7 +87,7 @@ def _export_loads_into_the_pipeline(model_type: str, folder: Path, log_dir: Path
     import diffusers
     from diffusers import DiffusionPipeline
 
-    from rlrunner.export import main as export_main
+    from rlrunner.commands.export import main as export_main
 
     assert export_main([str(log_dir), "--out", str(out)]) == 0
     pipe = DiffusionPipeline.from_pretrained(str(folder))

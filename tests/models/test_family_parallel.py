@@ -21,9 +21,9 @@ import torch.multiprocessing as mp
 from family_helpers import encode_prompt_batch
 from omegaconf import OmegaConf
 
-from rlrunner.batch import Batch
 from rlrunner.cluster.distributed import find_free_port
-from rlrunner.cluster.parallelize import optimizer_step_shards
+from rlrunner.step.batch import Batch
+from rlrunner.step.sample_order import optimizer_step_shards
 
 FAMILIES = ["sd3", "wan22_ti2v_5b", "qwen_image"]
 FAMILIES += ["zimage"]
@@ -86,7 +86,7 @@ def _high_noise_rows(seed: int, step: int) -> list[bool]:
     """Which of the step's samples the actor trains at t = 1.0 (the high-noise expert) rather than 0.5: the first
     draw of each sample's noise generator picks the index into the 2-step training grid [1.0, 0.5]
     (``sample_xt``)."""
-    from rlrunner.sample_order import noise_seed
+    from rlrunner.step.sample_order import noise_seed
 
     return [torch.randint(0, 2, (1,), generator=torch.Generator().manual_seed(noise_seed(seed, step, p, 0))).item()
             == 0 for p in range(SAMPLES)]

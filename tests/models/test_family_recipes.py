@@ -170,7 +170,7 @@ def test_sd35_large_recipe():
 ])
 def test_recipe_fits_eight_80gb_devices_by_the_plan(name, folder, model_type, capsys):
     """The published configs (bench/model_configs/) at the recipe's settings fit 8 x 80 GB as placed."""
-    from rlrunner.plan import main
+    from rlrunner.commands.plan import main
 
     overrides = [f"env.{split}.dataset.path=examples/diffusion/data/tiny_ocr" for split in ("train", "eval")]
     assert main([name, f"actor.model.model_path=bench/model_configs/{folder}", "actor.model.model_type=auto",

@@ -1,4 +1,4 @@
-"""``python -m rlrunner.plan`` and :mod:`rlrunner.sizing`: sizes from config files equal what the families load.
+"""``python -m rlrunner.commands.plan`` and :mod:`rlrunner.sizing`: sizes from config files equal what the families load.
 
 Lives with the model-family tests for their tiny random-weight folders (``tiny_dirs`` / ``load_tiny``).
 """
@@ -15,10 +15,10 @@ import torch
 from family_helpers import make_noise
 from omegaconf import OmegaConf
 
+from rlrunner.commands.plan import device_peak, main
 from rlrunner.config.schema import ModelConfig
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import load_tiny_components
-from rlrunner.plan import device_peak, main
 from rlrunner.sizing.memory import (
     ComponentPlan,
     ModelSizes,

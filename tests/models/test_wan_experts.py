@@ -188,7 +188,7 @@ def test_exported_files_load_into_both_experts_of_wan_pipeline(load_tiny, tmp_pa
 
 
 def test_export_card_names_both_files(tmp_path):
-    from rlrunner.export import model_card
+    from rlrunner.commands.export import model_card
 
     manifest = {"model_type": A14B, "lora_rank": 4, "lora_alpha": 8, "global_step": 2}
     for name in LORA_FILES.values():
@@ -262,7 +262,7 @@ def test_a14b_trains_checkpoints_and_resumes_bitwise(tiny_dirs, tmp_path):
     sys.path.insert(0, str(ROOT / "tests"))
     from runner_helpers import small_recipe
 
-    from rlrunner.runner import run
+    from rlrunner.run.runner import run
 
     family = f"actor.model.{A14B}"
     settings = [f"actor.model.model_type={A14B}", f"actor.model.model_path={tiny_dirs(A14B)}", f"{family}.resolution=32",

@@ -52,7 +52,7 @@ def test_slices_run_on_separate_workers_and_are_rejoined_in_order() -> None:
     reward = SlowMean()
     reward.delay = 0.05  # keeps each worker busy, so the slices cannot all run on one thread
     values = list(range(0, 250, 25))
-    bounds = [(0, 4), (4, 7), (7, 10)]  # as the driver cuts them (rlrunner.shares.reward_slices)
+    bounds = [(0, 4), (4, 7), (7, 10)]  # as the driver cuts them (rlrunner.step.shares.reward_slices)
     with AsyncRewardScorer(reward, num_workers=3) as scorer:
         out = scorer.submit_all([(images_with_means(*values[a:b]), [f"p{i}" for i in range(a, b)])
                                  for a, b in bounds]).result(timeout=5)

@@ -1,4 +1,4 @@
-"""The reward server serves the CLIP-family rewards: ``python -m rlrunner.serve_reward --reward pickscore`` (a real
+"""The reward server serves the CLIP-family rewards: ``python -m rlrunner.commands.serve_reward --reward pickscore`` (a real
 process on 127.0.0.1) scores images and video frames exactly as the local reward does, through ``model: remote``."""
 
 from __future__ import annotations

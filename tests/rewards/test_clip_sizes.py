@@ -1,4 +1,4 @@
-"""``python -m rlrunner.plan`` counts the CLIP-family scorers on the env device from config files alone: the counts
+"""``python -m rlrunner.commands.plan`` counts the CLIP-family scorers on the env device from config files alone: the counts
 equal the loaded models' bytes, and the default hub ids have their published parameter counts."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from omegaconf import OmegaConf
 from test_clip_rewards import fake_open_clip_state
 
+from rlrunner.commands.plan import main
 from rlrunner.config.schema import EnvConfig
-from rlrunner.plan import main
 from rlrunner.rewards import REWARDS, build_reward, reward_config
 from rlrunner.rewards.clip.tiny import write_tokenizer
 from rlrunner.sizing.memory import env_plan

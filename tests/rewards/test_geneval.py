@@ -166,7 +166,7 @@ def test_a_run_trains_and_evaluates_on_geneval_records(tmp_path):
     are right and the colour prompts wrong; the eval logs that per tag."""
     from runner_helpers import read_metrics, small_recipe
 
-    from rlrunner.runner import run
+    from rlrunner.run.runner import run
 
     red_car = {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}]}
     records = [{**TWO_CATS, "prompt": f"a photo of two cats, take {i}"} for i in range(2)]

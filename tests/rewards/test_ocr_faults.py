@@ -13,9 +13,9 @@ import pytest
 from reward_helpers import coded_image
 from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
 
+from rlrunner.commands.train import EXIT_REWARD_UNAVAILABLE, main
 from rlrunner.rewards import build_reward
 from rlrunner.rewards.ocr.engines import ENGINES, Line, OcrEngine
-from rlrunner.train import EXIT_REWARD_UNAVAILABLE, main
 
 GOOD, RAISES, HANGS, GARBAGE = 11, 12, 13, 14  # the code pixel of an image tells the engine how to fail
 HANG_S = 3.0  # how long a hung call lasts (it ends, so no thread outlives the test for long)

@@ -12,9 +12,9 @@ import requests
 from reward_helpers import render, requires_engine
 from service_helpers import StubServer, free_port, reward_server
 
+from rlrunner.commands.serve_reward import main as serve_main
 from rlrunner.rewards import RewardOutput, RewardUnavailable, build_reward
 from rlrunner.rewards.serving.wire import encode_image
-from rlrunner.serve_reward import main as serve_main
 
 pytestmark = requires_engine
 TOKEN = "s3cret-token"

@@ -1,4 +1,4 @@
-"""Device bytes of a CLIP-family scorer from its config alone (``python -m rlrunner.plan``): a local folder's
+"""Device bytes of a CLIP-family scorer from its config alone (``python -m rlrunner.commands.plan``): a local folder's
 ``config.json``, or the architecture of a known hub id (the defaults), built on the meta device; no weights read."""
 
 from __future__ import annotations

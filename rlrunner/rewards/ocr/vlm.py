@@ -1,6 +1,6 @@
 """``reward.model: vlm_ocr``: a vision-language model reads the text, ``ocr_score`` scores it (as ``ocr``).
 
-Any OpenAI-compatible chat-completions endpoint works: vLLM, SGLang, a hosted API, or ``rlrunner.serve_reward``
+Any OpenAI-compatible chat-completions endpoint works: vLLM, SGLang, a hosted API, or ``rlrunner.commands.serve_reward``
 (its OCR engine answers as the "model", which is how the tests run this path end to end). Each image (each video
 frame) is one request: ``TRANSCRIBE_PROMPT`` with the image as a PNG data URL, ``temperature: 0``; the answer,
 filtered to ``alphabet`` if set, is scored with :func:`rlrunner.rewards.ocr.reward.ocr_score`. The endpoint batches

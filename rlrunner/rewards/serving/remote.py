@@ -1,4 +1,4 @@
-"""``reward.model: remote``: images scored by a reward server (``python -m rlrunner.serve_reward``) over HTTP.
+"""``reward.model: remote``: images scored by a reward server (``python -m rlrunner.commands.serve_reward``) over HTTP.
 
     reward:
       model: remote

@@ -14,7 +14,7 @@ slower than ``timeout_s``, 413 over a limit (:class:`Limits`), 415, and 500 only
 before any image is decoded. Scoring runs on ``workers`` threads (OCR engines release the GIL), so the event loop
 keeps answering while images are scored; at most ``2 * workers`` requests hold a body or pixels at once.
 
-Built by ``python -m rlrunner.serve_reward``; aiohttp is imported only here.
+Built by ``python -m rlrunner.commands.serve_reward``; aiohttp is imported only here.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A run that outlives its workers: a lost worker or node, a hung call or a failed collective costs the steps since
-the last complete checkpoint, not the run (``runner.max_restarts``, :mod:`rlrunner.recovery`).
+the last complete checkpoint, not the run (``runner.max_restarts``, :mod:`rlrunner.run.recovery`).
 
 The driver tears the worker groups down, waits (``cluster.rejoin_timeout_s``) until the cluster can hold the
 placement again, starts new workers and resumes them from the run's newest complete checkpoint (none yet: the
@@ -17,17 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlrunner.checkpoint import log_skipped, newest_loadable_checkpoint
 from rlrunner.cluster import Cluster
-from rlrunner.logger import RunLogger
-from rlrunner.preemption import PREEMPTED, run_status
-from rlrunner.recovery import Restart, RestartPolicy
+from rlrunner.run.checkpoint import log_skipped, newest_loadable_checkpoint
+from rlrunner.run.preemption import PREEMPTED, run_status
+from rlrunner.run.recovery import Restart, RestartPolicy
+from rlrunner.tracking.logger import RunLogger
 
 RESTARTS_FILE = "restarts.jsonl"
 
 
 class Supervised(Protocol):
-    """What the supervisor asks of a runner (:class:`rlrunner.runner.Runner`)."""
+    """What the supervisor asks of a runner (:class:`rlrunner.run.runner.Runner`)."""
 
     step: int
     run_logger: RunLogger

@@ -23,22 +23,23 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
-from rlrunner.batch import Batch
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.config.validate import check_placement
-from rlrunner.console import eval_line, report_step, run_summary
 from rlrunner.data.prompts import PromptSampler, load_datasets
-from rlrunner.data_plane import RolloutParts
-from rlrunner.device_turns import DeviceTurns
-from rlrunner.logger import RunLogger, StepTimer
 from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class
-from rlrunner.preemption import FINISHED, Preempted, StopSignals
 from rlrunner.rewards import RewardOutput, RewardUnavailable
-from rlrunner.run_checkpoints import RunCheckpoints
-from rlrunner.sample_order import TrainPlan
-from rlrunner.shares import reward_slices, split_evenly
-from rlrunner.supervisor import supervise
+from rlrunner.run.checkpoint import complete_checkpoints
+from rlrunner.run.preemption import FINISHED, Preempted, StopSignals
+from rlrunner.run.run_checkpoints import RunCheckpoints
+from rlrunner.run.supervisor import supervise
+from rlrunner.step.batch import Batch
+from rlrunner.step.data_plane import RolloutParts
+from rlrunner.step.device_turns import DeviceTurns
+from rlrunner.step.sample_order import TrainPlan
+from rlrunner.step.shares import reward_slices, split_evenly
+from rlrunner.tracking.console import eval_line, report_step, run_summary
+from rlrunner.tracking.logger import RunLogger, StepTimer
 from rlrunner.utils.seeding import derive_seed
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
@@ -120,7 +121,8 @@ class Runner(RunCheckpoints):
                 self.save()
         progress.close()
         tqdm.write(run_summary(self.log_dir, self.step - first_step, time.monotonic() - start,
-                               self.run_logger.writer is not None), file=sys.stderr)
+                               self.run_logger.writer is not None, complete_checkpoints(self.log_dir / "checkpoints")),
+                   file=sys.stderr)
 
     def train_step(self) -> dict[str, float]:
         """One global step as a straight line of named, timed phases."""
@@ -375,7 +377,7 @@ class RolloutAhead:
 
 def run(cfg: DictConfig, log_dir: Path) -> None:
     """Start the workers on the recipe's cluster, train (restarting them after a curable failure, stopping with a
-    checkpoint on SIGTERM/SIGINT: :mod:`rlrunner.supervisor`), and always release the workers."""
+    checkpoint on SIGTERM/SIGINT: :mod:`rlrunner.run.supervisor`), and always release the workers."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # in-process workers compute with as many threads as a Ray worker of cpus_per_worker CPUs would (Ray sets
     # OMP_NUM_THREADS so), which keeps the two backends' numbers identical under the same seed

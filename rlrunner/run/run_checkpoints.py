@@ -1,6 +1,6 @@
 """A run's checkpoints as the driver writes and reads them: what the runner saves beside the actor's state, and a
 resume that goes on exactly as the saved run would have, or is refused with one line (the files themselves:
-:mod:`rlrunner.checkpoint`)."""
+:mod:`rlrunner.run.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from rlrunner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, write_adapters
 from rlrunner.config.loader import to_yaml
-from rlrunner.resume_point import resume_point
+from rlrunner.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, write_adapters
+from rlrunner.run.resume_point import resume_point
 from rlrunner.utils.seeding import rng_state, set_rng_state
 
 # actor.optim.lr_scheduler values whose learning rates do not depend on the run's length
@@ -21,7 +21,7 @@ LENGTH_FREE_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 class RunCheckpoints:
-    """Checkpoint methods of :class:`~rlrunner.runner.Runner`, which holds the state they save and restore (step,
+    """Checkpoint methods of :class:`~rlrunner.run.runner.Runner`, which holds the state they save and restore (step,
     prompt sampler, counters, the rollout's adapters and a rollout started ahead) and the worker groups."""
 
     def save(self) -> Path:

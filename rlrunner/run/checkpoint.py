@@ -37,7 +37,7 @@ The API the runner uses:
   ``checkpoints/`` folder that reads back, and the newer ones skipped with their reasons (a :class:`Skipped` each);
   what a run that recovers in place resumes from.
 
-Which checkpoint a resume starts from (``runner.resume_dir``, ``auto``): :mod:`rlrunner.resume_point`.
+Which checkpoint a resume starts from (``runner.resume_dir``, ``auto``): :mod:`rlrunner.run.resume_point`.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from rlrunner.checkpoint import complete_checkpoints
+from rlrunner.config.paths import REPO_DIR
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -83,11 +82,11 @@ def command_prefix(module: str) -> str:
     """How the user's shell runs ``rlrunner.<module>`` with no environment active: ``bin/rlrunner <module>``, relative
     from the repository root (where the launcher was started, ``RLRUNNER_CALLER_CWD``), else absolute. An installed
     package has no wrapper; its environment is the user's own, active one."""
-    wrapper = REPO_ROOT / "bin" / "rlrunner"
+    wrapper = REPO_DIR / "bin" / "rlrunner"
     if not wrapper.is_file():
-        return "tensorboard" if module == "tensorboard" else f"python -m rlrunner.{module}"
+        return "tensorboard" if module == "tensorboard" else f"python -m rlrunner.commands.{module}"
     caller = Path(os.environ.get("RLRUNNER_CALLER_CWD") or os.getcwd()).resolve()
-    return f"{'bin/rlrunner' if caller == REPO_ROOT else shlex.quote(str(wrapper))} {module}"
+    return f"{'bin/rlrunner' if caller == REPO_DIR else shlex.quote(str(wrapper))} {module}"
 
 
 def eval_line(step: int, num_prompts: int, model_cfg: Any) -> str:
@@ -97,14 +96,13 @@ def eval_line(step: int, num_prompts: int, model_cfg: Any) -> str:
             f"{family.eval_sampler} steps")
 
 
-def run_summary(log_dir: Path, steps: int, seconds: float, tensorboard: bool) -> str:
+def run_summary(log_dir: Path, steps: int, seconds: float, tensorboard: bool, checkpoints: list[Path]) -> str:
     """A few lines for the console: held-out reward at the first and last eval of the run (its metrics.jsonl),
     steps, wall time, the checkpoint and TensorBoard folders and the commands (:func:`command_prefix`) that open
-    TensorBoard and export the last checkpoint's LoRA."""
+    TensorBoard and export the newest of the run's complete ``checkpoints``."""
     metrics = log_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     evals = [(r["step"], r["eval/avg"]) for r in records if r.get("eval/avg") is not None]  # null: NaN
-    checkpoints = complete_checkpoints(log_dir / "checkpoints")
     minutes, secs = divmod(round(seconds), 60)
     lines = [f"rlrunner: done: {steps} step(s) in {minutes}m{secs:02d}s; logs in {log_dir}"]
     if evals:

@@ -1,6 +1,6 @@
 """Which checkpoint a run resumes from: ``runner.resume_dir`` as a checkpoint or run folder, or ``auto``: the newest
 checkpoint of the recipe's experiment across run folders that reads back, refused (one line naming the keys) when
-it was made with a different recipe. The checkpoint files themselves: :mod:`rlrunner.checkpoint`."""
+it was made with a different recipe. The checkpoint files themselves: :mod:`rlrunner.run.checkpoint`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from rlrunner.checkpoint import (
+from rlrunner.run.checkpoint import (
     ASIDE,
     CHECKPOINT_DIR,
     MANIFEST,

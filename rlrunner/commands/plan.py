@@ -1,4 +1,4 @@
-"""Will it fit? ``python -m rlrunner.plan <config_name> [key=value ...] [--device-memory GIB]``.
+"""Will it fit? ``python -m rlrunner.commands.plan <config_name> [key=value ...] [--device-memory GIB]``.
 
 Loads the recipe as the launcher does (prompt files are not needed), builds every component of the model folder
 on the meta device from its config files (``model_index.json`` and each component's ``config.json``; weights
@@ -149,7 +149,7 @@ def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_nam
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m rlrunner.plan",
+        prog="python -m rlrunner.commands.plan",
         description="Print what each device of a recipe's placement will hold (from the model folder's config "
                     "files; no weights are read) and whether it fits.",
     )

@@ -23,14 +23,14 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlrunner.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError
+from rlrunner.config.paths import REPO_DIR
 from rlrunner.models import model_class
-from rlrunner.resume_point import resolve_resume_dir
+from rlrunner.run.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError
+from rlrunner.run.resume_point import resolve_resume_dir
 
 ALGORITHM_TITLES = {"nft": "DiffusionNFT", "flow_grpo": "FlowGRPO", "awm": "AWM, Advantage Weighted Matching"}
 # families without a diffusers pipeline of their own (the tiny model saves its LoRA in diffusers' format only)
 RLRUNNER_ONLY_FAMILIES = ("tiny",)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CARD_TITLE = "# LoRA adapter ("  # how every card begins: a README.md that does not was written by someone else
 CARD_FALLBACK = "RLRUNNER_CARD.md"  # the card's name beside a user's own README.md
 
@@ -50,7 +50,7 @@ def base_model_location(model_path: str) -> str:
     """``model_path`` as an absolute folder (relative paths are taken from here, then from the repository root,
     where the launcher runs), or unchanged when no such folder exists: a hub id."""
     path = Path(model_path).expanduser()
-    for candidate in (path, REPO_ROOT / path):
+    for candidate in (path, REPO_DIR / path):
         if candidate.is_dir():
             return str(candidate.resolve())
     return model_path

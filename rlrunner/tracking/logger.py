@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from rlrunner.logger_backends import TRACKERS, open_trackers
+from rlrunner.tracking.backends import TRACKERS, open_trackers
 
 
 class StepTimer:
@@ -142,7 +142,7 @@ class RunLogger:
 
     def close(self, status: str = "finished") -> None:
         """Flush and close every backend; the trackers record how the run ended: ``status`` is ``finished``,
-        ``failed`` or ``preempted`` (:mod:`rlrunner.preemption`). Idempotent."""
+        ``failed`` or ``preempted`` (:mod:`rlrunner.run.preemption`). Idempotent."""
         if self.jsonl.closed:
             return
         self.jsonl.close()

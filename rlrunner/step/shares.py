@@ -4,7 +4,7 @@ their scorer threads (:func:`reward_slices`: reward work is divided here only, o
 Pure list arithmetic (no Ray, no torch), so the runner's bookkeeping can be tested on its own: every share is
 made of index triples (:data:`Piece`), never of data. The runner swaps a piece's shard number for the
 :class:`~rlrunner.cluster.Handle` of that shard's result; the env worker receives the values.
-Which rows each actor rank trains on is :mod:`rlrunner.sample_order`.
+Which rows each actor rank trains on is :mod:`rlrunner.step.sample_order`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Command-line entry point: ``python -m rlrunner.train --config-name NAME [key=value ...] [--dry-run]``.
+"""Command-line entry point: ``python -m rlrunner.commands.train --config-name NAME [key=value ...] [--dry-run]``.
 
 ``examples/diffusion/run_diffusion.sh`` calls this with ``--log-dir``; used directly, it makes
 ``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself, once the recipe is valid. Either way the run copies its console
@@ -22,9 +22,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, load_recipe, to_yaml, with_log_dir
-from rlrunner.console import console_copied_to
 from rlrunner.models import MODEL_FAMILIES, model_class
 from rlrunner.objectives import OBJECTIVES
+from rlrunner.tracking.console import console_copied_to
 
 # algorithm.<name>_* keys belong to algorithm <name>, except the EMA schedule, which every algorithm uses
 SHARED_ALGORITHM_KEYS = ("nft_tau", "nft_decay_type")
@@ -38,7 +38,7 @@ EXIT_INTERRUPTED = 130  # a second signal (or save_on_signal: false): stopped at
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m rlrunner.train",
+        prog="python -m rlrunner.commands.train",
         description="Run an rlrunner recipe (examples/diffusion/config/<name>.yaml) with dotted key=value overrides.",
     )
     parser.add_argument("--config-name", default=DEFAULT_RECIPE, help="recipe file stem or path to a .yaml")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(cfg.runner.logger.log_path, args.config_name)
     cfg = with_log_dir(cfg, log_dir)
-    start_run_files(log_dir, cfg, args.command_line or shlex.join(["python", "-m", "rlrunner.train", *argv]),
+    start_run_files(log_dir, cfg, args.command_line or shlex.join(["python", "-m", "rlrunner.commands.train", *argv]),
                     args.config_name)
     with console_copied_to(log_dir / "console.log"):  # from the run's first line to its last
         print(f"rlrunner: logging to {log_dir}", file=sys.stderr)
@@ -113,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(cfg: DictConfig, log_dir: Path) -> int:
     """Run the recipe; user errors and failed workers end in one line and an exit status."""
-    from rlrunner.checkpoint import CheckpointError
     from rlrunner.cluster import NodeSetupError, PlacementError, WorkerError
-    from rlrunner.preemption import Preempted
     from rlrunner.rewards import RewardUnavailable
-    from rlrunner.runner import run
+    from rlrunner.run.checkpoint import CheckpointError
+    from rlrunner.run.preemption import Preempted
+    from rlrunner.run.runner import run
 
     try:
         run(cfg, log_dir)

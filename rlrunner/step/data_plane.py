@@ -6,7 +6,7 @@ process, with the part functions of :meth:`RolloutParts.cut` (``per_rank_parts``
 pixels and the driver only what it logs. :class:`RolloutParts` reads the cut parts back by name (the order of the
 list is known here only):
 
-- ``train(group)``: the rows actor data-parallel group ``group`` trains on (:class:`~rlrunner.sample_order.TrainPlan`),
+- ``train(group)``: the rows actor data-parallel group ``group`` trains on (:class:`~rlrunner.step.sample_order.TrainPlan`),
   which every rank of that group fetches;
 - ``scored``: pixels and prompts, for the env workers;
 - ``logged``: the samples among the step's first ``runner.num_logged_samples`` that the driver writes.
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from rlrunner.batch import Batch
 from rlrunner.cluster.base import Handle, PendingCall
-from rlrunner.sample_order import TrainPlan
+from rlrunner.step.batch import Batch
+from rlrunner.step.sample_order import TrainPlan
 
 PartFunction = Callable[[Any], Any]
 
