@@ -202,3 +202,17 @@ def test_failure_marks_only_batches_that_no_sample_survives(images):
     assert RewardOutput.concat([dead, ocr(images[:2], PROMPTS[:2])]).failure == ""
     multi = build_reward({"type": "multi", **OCR, "rewards": [{"model": "ocr"}, {"model": "image_stats"}]})
     assert multi(blank, PROMPTS[:2]).failure.startswith("ocr: all 2 images")
+
+
+@pytest.mark.parametrize("model, message", [
+    ("remote", ("reward.model=remote needs reward.url, e.g. http://127.0.0.1:8000 (start the server with: "
+               "bin/rlrunner serve_reward --reward ocr)")),
+    ("geneval", "reward.model=geneval needs reward.url, the GenEval detector server (e.g. http://127.0.0.1:18085"),
+    ("vlm_ocr", "reward.model=vlm_ocr needs reward.base_url (e.g. http://127.0.0.1:8001/v1) and reward.served_model"),
+    ("unifiedreward", ("reward.model=unifiedreward needs reward.base_url (e.g. http://127.0.0.1:8002/v1) and "
+                      "reward.served_model")),
+])
+def test_a_service_reward_without_its_address_says_which_key_to_set(model, message):
+    with pytest.raises(ValueError) as err:
+        build_reward({"model": model})
+    assert str(err.value).startswith(message)

@@ -21,10 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from rlrunner.config.schema import RewardConfig
-
 from ..registry import register_reward
-from ..serving.client import FrameResults, ServiceError, ServiceReward, read_secret
+from ..serving.client import FrameResults, ServiceError, ServiceReward
 from ..serving.wire import encode_image
 from . import scoring
 
@@ -35,14 +33,7 @@ class GenEvalReward(ServiceReward):
 
     name = "geneval"
     uses_metadata = True
-
-    def __init__(self, spec: RewardConfig) -> None:
-        if not spec.url:
-            raise ValueError("reward.model=geneval needs reward.url, the GenEval detector server (e.g. "
-                             "http://127.0.0.1:18085; see rlrunner/rewards/geneval/README.md)")
-        super().__init__(spec, read_secret(spec.token_file, "reward.token_file"))
-        self.url = spec.url.rstrip("/")
-        self.check_reachable(f"{self.url}/health")
+    address_hint = "the GenEval detector server (e.g. http://127.0.0.1:18085; see rlrunner/rewards/geneval/README.md)"
 
     def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],
                      metadata: list[dict[str, Any]]) -> FrameResults:
@@ -68,8 +59,8 @@ class GenEvalReward(ServiceReward):
 
     def _detect(self, images: list[np.ndarray]) -> list[list[Mapping[str, Any]]]:
         """POST one request; runs on the client's request threads."""
-        body = self.client.request("POST", f"{self.url}/detect", {"images": [encode_image(im) for im in images]})
+        body = self.client.request("POST", f"{self.address}/detect", {"images": [encode_image(im) for im in images]})
         try:
             return scoring.parse_detections(body, len(images))
         except ValueError as err:
-            raise ServiceError(f"{self.url}/detect answered {err}") from None
+            raise ServiceError(f"{self.address}/detect answered {err}") from None

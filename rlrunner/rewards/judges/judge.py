@@ -21,7 +21,7 @@ import numpy as np
 from rlrunner.config.schema import RewardConfig
 
 from ..registry import register_reward
-from ..serving.client import FrameResults, ServiceError, ServiceReward, read_secret
+from ..serving.client import FrameResults, ServiceError, ServiceReward
 from ..serving.wire import MalformedMessage, data_url, parse_chat_text
 from . import parsers
 
@@ -38,17 +38,13 @@ class VlmJudgeReward(ServiceReward):
 
     template: ClassVar[str] = ""
     max_tokens: ClassVar[int] = 512
+    address_key, secret_key, health_path = "base_url", "api_key_file", "/models"
+    address_hint = "e.g. http://127.0.0.1:8002/v1"
 
     def __init__(self, spec: RewardConfig) -> None:
-        if not spec.base_url or not spec.served_model:
-            raise ValueError(f"reward.model={spec.model} needs reward.base_url (e.g. http://127.0.0.1:8002/v1) and "
-                             f"reward.served_model (the endpoint's model name, as in `vllm serve ... "
-                             f"--served-model-name NAME`)")
         self.prompt_template = spec.judge_prompt or self.template
         parsers.fill_template(self.prompt_template, "")  # a bad override fails here, before any rollout
-        super().__init__(spec, read_secret(spec.api_key_file, "reward.api_key_file"))
-        self.base_url = spec.base_url.rstrip("/")
-        self.check_reachable(f"{self.base_url}/models")
+        super().__init__(spec)
 
     @abstractmethod
     def parse(self, body: Any) -> float:
@@ -79,7 +75,7 @@ class VlmJudgeReward(ServiceReward):
 
     def _judge(self, image: np.ndarray, prompt: str) -> tuple[str, float | str]:
         """One request for uint8 ``image`` ``[H, W, 3]``: ``(reply text, score or why it did not parse)``."""
-        url = f"{self.base_url}/chat/completions"
+        url = f"{self.address}/chat/completions"
         content = [{"type": "image_url", "image_url": {"url": data_url(image)}},
                    {"type": "text", "text": parsers.fill_template(self.prompt_template, prompt)}]
         body = self.client.request("POST", url, {"model": self.spec.served_model, "temperature": 0.0,

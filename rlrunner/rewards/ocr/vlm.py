@@ -20,10 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rlrunner.config.schema import RewardConfig
-
 from ..registry import register_reward
-from ..serving.client import FrameResults, ServiceError, ServiceReward, read_secret
+from ..serving.client import FrameResults, ServiceError, ServiceReward
 from ..serving.wire import MalformedMessage, data_url, parse_chat_text
 from .reward import filter_alphabet, ocr_score, unscorable
 
@@ -45,15 +43,8 @@ class VlmOcrReward(ServiceReward):
     """
 
     name = "vlm_ocr"
-
-    def __init__(self, spec: RewardConfig) -> None:
-        if not spec.base_url or not spec.served_model:
-            raise ValueError("reward.model=vlm_ocr needs reward.base_url (e.g. http://127.0.0.1:8001/v1) and "
-                             "reward.served_model (the endpoint's model name, as in `vllm serve ... "
-                             "--served-model-name NAME`)")
-        super().__init__(spec, read_secret(spec.api_key_file, "reward.api_key_file"))
-        self.base_url = spec.base_url.rstrip("/")
-        self.check_reachable(f"{self.base_url}/models")
+    address_key, secret_key, health_path = "base_url", "api_key_file", "/models"
+    address_hint = "e.g. http://127.0.0.1:8001/v1"
 
     def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],
                      metadata: list[dict[str, Any]]) -> FrameResults:
@@ -72,7 +63,7 @@ class VlmOcrReward(ServiceReward):
 
     def _transcribe(self, image: np.ndarray) -> str:
         """One chat-completions request for uint8 ``image`` ``[H, W, 3]``; runs on the client's request threads."""
-        url = f"{self.base_url}/chat/completions"
+        url = f"{self.address}/chat/completions"
         content = [{"type": "image_url", "image_url": {"url": data_url(image)}},
                    {"type": "text", "text": TRANSCRIBE_PROMPT}]
         body = self.client.request("POST", url, {"model": self.spec.served_model, "temperature": 0.0,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -165,11 +165,33 @@ class FrameResults:
 
 
 class ServiceReward(Reward):
-    """A reward computed by an HTTP service; subclasses implement ``score_frames``."""
+    """A reward computed by an HTTP service; subclasses implement ``score_frames``.
 
-    def __init__(self, spec: RewardConfig, token: str) -> None:
+    A subclass says where its service is, and this class finds, authenticates and (with ``required: true``) probes
+    it: ``address_key`` is the recipe key of its address (``url``: a server that speaks rlrunner's protocols;
+    ``base_url``: an OpenAI-compatible endpoint, which needs ``served_model`` too), ``secret_key`` the key of the
+    file holding its bearer token, ``health_path`` what answers once the service is up, and ``address_hint`` the
+    example and pointer that the error for an empty address gives.
+    """
+
+    address_key: ClassVar[str] = "url"
+    secret_key: ClassVar[str] = "token_file"
+    health_path: ClassVar[str] = "/health"
+    address_hint: ClassVar[str] = "e.g. http://127.0.0.1:8000"
+
+    def __init__(self, spec: RewardConfig) -> None:
         super().__init__(spec)
+        if self.address_key == "base_url":
+            if not spec.base_url or not spec.served_model:
+                raise ValueError(f"reward.model={spec.model} needs reward.base_url ({self.address_hint}) and "
+                                 f"reward.served_model (the endpoint's model name, as in `vllm serve ... "
+                                 f"--served-model-name NAME`)")
+        elif not getattr(spec, self.address_key):
+            raise ValueError(f"reward.model={spec.model} needs reward.{self.address_key}, {self.address_hint}")
+        token = read_secret(getattr(spec, self.secret_key), f"reward.{self.secret_key}")
         self.client = ServiceClient(token, spec.timeout_s, spec.max_retries, spec.max_concurrency)
+        self.address = getattr(spec, self.address_key).rstrip("/")  # where every request of the subclass goes
+        self.check_reachable(f"{self.address}{self.health_path}")
 
     @abstractmethod
     def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],

@@ -26,7 +26,7 @@ import numpy as np
 from rlrunner.config.schema import RewardConfig
 
 from ..registry import register_reward
-from .client import FrameResults, ServiceError, ServiceReward, read_secret
+from .client import FrameResults, ServiceError, ServiceReward
 from .wire import MalformedMessage, encode_image, encoded_size_bound, parse_score_response
 
 
@@ -35,15 +35,11 @@ class RemoteReward(ServiceReward):
     """Client of a reward server; ``avg`` ``[B]`` for images, ``[B, K]`` chunk rewards for frames ``[B, F, ...]``."""
 
     name = "remote"
+    address_hint = "e.g. http://127.0.0.1:8000 (start the server with: bin/rlrunner serve_reward --reward ocr)"
 
     def __init__(self, spec: RewardConfig) -> None:
-        if not spec.url:
-            raise ValueError("reward.model=remote needs reward.url, e.g. http://127.0.0.1:8000 (start the server "
-                             "with: bin/rlrunner serve_reward --reward ocr)")
-        super().__init__(spec, read_secret(spec.token_file, "reward.token_file"))
-        self.url = spec.url.rstrip("/")
         self.limits: dict[str, Any] | None = None  # the server's, read from /health when first needed
-        self.check_reachable(f"{self.url}/health")
+        super().__init__(spec)
 
     def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],
                      metadata: list[dict[str, Any]]) -> FrameResults:
@@ -87,7 +83,7 @@ class RemoteReward(ServiceReward):
         (the requests then go as planned and the server's 413, if any, says why)."""
         if self.limits is None:
             try:
-                body = self.client.request("GET", f"{self.url}/health")
+                body = self.client.request("GET", f"{self.address}/health")
             except ServiceError:
                 return {}  # not kept: the next batch asks again
             limits = body.get("limits") if isinstance(body, dict) else None
@@ -99,9 +95,9 @@ class RemoteReward(ServiceReward):
         """POST one request with the frames ``pieces``; runs on the client's request threads."""
         video = frames.shape[1] > 1
         images = [[encode_image(frames[b, f]) for f in fs] if video else encode_image(frames[b, 0]) for b, fs in pieces]
-        body = self.client.request("POST", f"{self.url}/score", {"prompts": [prompts[b] for b, _ in pieces],
+        body = self.client.request("POST", f"{self.address}/score", {"prompts": [prompts[b] for b, _ in pieces],
                                                                   "images": images})
         try:
             return parse_score_response(body, [len(fs) if video else None for _, fs in pieces])
         except MalformedMessage as err:
-            raise ServiceError(f"{self.url}/score answered malformed JSON: {err}") from None
+            raise ServiceError(f"{self.address}/score answered malformed JSON: {err}") from None
