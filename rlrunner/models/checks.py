@@ -1,0 +1,233 @@
+"""The checks of the model's keys (``actor.model.*``, each family section's under ``<family>``), ``model_type:
+auto`` resolved, and across keys: a model is named, the family's guidance kinds, folder and resolution, its experts,
+and context parallelism over its token sequence. Each raises :class:`~rlrunner.config.errors.RecipeError` with one
+line, before any worker starts; registered in :mod:`rlrunner.recipe_checks`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rlrunner.config.check_kinds import POSITIVE_INT, Check, Choice, Context, Free, InPathTable, Range, Rule, names
+from rlrunner.config.errors import fail as _fail
+from rlrunner.models import MODEL_FAMILIES
+from rlrunner.utils.device import DEVICE_NAMES, PRECISIONS
+
+# ------------------------------------------------------------------------------------------- the keys' checks
+
+
+def _registry(module: str, name: str, *, first: tuple[str, ...] = ()) -> Callable[[], list[str]]:
+    """The names of registry ``module.name`` (a dict or tuple), imported when a recipe is checked."""
+    return lambda: [*first, *getattr(importlib.import_module(module), name)]
+
+
+def _is_resolution(res: Any) -> bool:
+    def side(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+    return side(res) or (isinstance(res, (list, tuple, ListConfig)) and len(res) == 2 and all(side(x) for x in res))
+
+
+def _low_noise_scale(fallback: str) -> Rule:
+    """A two-expert model's low-noise guidance scale: null (``fallback``'s value) or a number >= 1."""
+    return Rule(lambda g: g is None or (isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 1),
+                f"null (= {fallback}) or a scale >= 1 for the low-noise expert")
+
+
+_FAMILY = {
+    "resolution": Rule(_is_resolution, "a positive int (square) or [height, width] of positive ints"),
+    "num_frames": Rule(lambda n: n >= 1 and (n - 1) % 4 == 0, "4k+1 (1, 5, 9, ...; 1 = image)"),
+    "num_steps": POSITIVE_INT,
+    "eval_num_steps": POSITIVE_INT,
+    "guidance_scale": Range(low=1, meaning="1 = no classifier-free guidance"),
+    "eval_guidance_scale": Range(low=1, meaning="1 = no classifier-free guidance"),
+    "guidance_scale_2": _low_noise_scale("guidance_scale"),
+    "eval_guidance_scale_2": _low_noise_scale("eval_guidance_scale"),
+    "train_experts": Choice(_registry("rlrunner.models.wan_a14b", "TRAIN_EXPERTS")),
+    "negative_prompt": Free("any text"),
+    "train_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),
+    "eval_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),
+    "shift": Rule(lambda s: s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0),
+                  "null (the pipeline's own schedule) or a sigma shift > 0"),
+    "guidance": Choice(_registry("rlrunner.models.base", "GUIDANCE_KINDS")),
+    "max_sequence_length": POSITIVE_INT,
+    "condition_mode": Choice(_registry("rlrunner.models.wan", "CONDITION_MODES")),
+    "use_lora": Rule(bool, "true: NFT keeps its old policy as a second LoRA adapter"),
+    "lora_rank": POSITIVE_INT,
+    "lora_alpha": Range(low=0, low_open=True),
+    "lora_path": InPathTable("a local folder or a hub id"),
+    "gradient_checkpointing": Free("bool"),
+    "offload_text_encoder": Free("bool"),
+    "offload_vae": Free("bool"),
+    "cfg_truncation": Range(low=0, meaning="zimage: no guidance once 1 - sigma exceeds it; 1.0 = never"),
+    "cfg_normalization": Range(low=0, meaning="zimage: cap on the guided / conditional norm ratio; 0 = off"),
+    "vae_tiling": Free("bool"), "vae_slicing": Free("bool"),
+}
+
+KEY_CHECKS: dict[str, Check] = {
+    "actor.model.model_path": InPathTable("a local folder or a hub id"),
+    "actor.model.model_type": Choice(names(MODEL_FAMILIES, first=("auto",))),
+    "actor.model.precision": Choice(names(PRECISIONS)),
+    "actor.model.device": Choice(names(DEVICE_NAMES)),
+    "actor.model.half_precision_on_cpu": Free("bool"),
+    **{f"actor.model.<family>.{key}": check for key, check in _FAMILY.items()},
+}
+
+# ------------------------------------------------------------------------------------------- across keys
+
+
+def check_model(cfg: DictConfig, ctx: Context) -> None:
+    """A model is named; whether its folder exists is the path table's check (rlrunner.config.paths)."""
+    if not cfg.actor.model.model_path:
+        _fail("actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
+              "(e.g. actor.model.model_path=stabilityai/stable-diffusion-3.5-medium)")
+
+
+def check_model_family(cfg: DictConfig, ctx: Context) -> None:
+    """:func:`check_family` of the recipe's model, its relative folder taken from ``ctx.base_dir``."""
+    check_family(cfg, ctx.base_dir)
+
+
+def check_model_sequence(cfg: DictConfig, ctx: Context) -> None:
+    """:func:`check_context_parallel` of the recipe's model, its relative folder taken from ``ctx.base_dir``."""
+    check_context_parallel(cfg, ctx.base_dir)
+
+
+def resolve_model_type(cfg: DictConfig, base_dir: Path) -> None:
+    """``actor.model.model_type: auto`` becomes the family that knows the local folder's ``model_index.json``
+    (:func:`rlrunner.models.detect_model_type`); relative paths are taken from ``base_dir``."""
+    model = cfg.actor.model
+    if model.model_type != "auto":
+        return
+    from rlrunner.models import detect_model_type
+
+    path = base_dir / Path(model.model_path).expanduser() if model.model_path else Path()
+    try:
+        model.model_type = detect_model_type(str(path) if model.model_path and path.exists() else model.model_path)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+
+
+def check_family(cfg: DictConfig, base_dir: Path) -> None:
+    """The family supports the recipe's guidance kind, and a local model folder (its ``model_index.json``) is one
+    the family loads, at a resolution that patches evenly (hub ids are checked when a worker loads them)."""
+    from rlrunner.models import model_class
+    from rlrunner.models.loading import read_model_index
+
+    model = cfg.actor.model
+    family, family_cfg, key = model_class(model.model_type), model[model.model_type], f"actor.model.{model.model_type}"
+    try:
+        kind = family.resolved_guidance(family_cfg)
+    except ValueError as err:
+        _fail(str(err))
+    if kind == "none" and (family_cfg.guidance_scale != 1 or family_cfg.eval_guidance_scale != 1):
+        _fail(f"{key}.guidance=none samples without guidance, but guidance_scale={family_cfg.guidance_scale} / "
+              f"eval_guidance_scale={family_cfg.eval_guidance_scale}; set both to 1.0 or choose another guidance")
+    _check_experts(family, family_cfg, key)
+    folder = base_dir / Path(model.model_path).expanduser()
+    if not (folder / "model_index.json").is_file():
+        return  # a hub id, or a folder the loading worker reports on (it may exist only on the GPU nodes)
+    try:
+        index = read_model_index(str(folder))
+        family.check_model_index(index, f"actor.model.model_path={model.model_path!r}")
+        family.sample_shapes(family_cfg, {"model_index": index, **_component_configs(folder, index)})
+    except KeyError:
+        return  # a layout the family's shape rules do not read here; loading the model reports what is wrong
+    except (ValueError, FileNotFoundError) as err:
+        _fail(f"{key}: {err}" if not str(err).startswith("actor.model") else str(err))
+
+
+def _check_experts(family: Any, family_cfg: DictConfig, key: str) -> None:
+    """The two-expert keys (Wan2.2 A14B) only where a family has experts, and a low-noise scale only where guidance
+    is on: WanPipeline guides only when the high-noise guidance_scale is > 1, whatever guidance_scale_2 says."""
+    if not family.expert_components:
+        for name, unset in (("guidance_scale_2", None), ("eval_guidance_scale_2", None), ("train_experts", "both")):
+            if family_cfg[name] != unset:
+                _fail(f"{key}.{name}={family_cfg[name]!r} applies to a model with two experts (wan22_t2v_a14b); "
+                      f"{family.model_type} has one denoiser: remove it")
+        return
+    for scale, low in (("guidance_scale", "guidance_scale_2"), ("eval_guidance_scale", "eval_guidance_scale_2")):
+        if family_cfg[low] is not None and family_cfg[low] != 1 and family_cfg[scale] <= 1:
+            _fail(f"{key}.{low}={family_cfg[low]} but {scale}={family_cfg[scale]}: the pipeline guides (both experts) "
+                  f"only when {scale} > 1; set {scale} > 1 or {low} to null")
+
+
+def _component_configs(folder: Path, index: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``<component>/config.json`` of each model component ``model_index.json`` lists (what shape rules read)."""
+    import json
+
+    configs = {}
+    for name in index:
+        path = folder / name / "config.json"
+        if not name.startswith("_") and path.is_file():
+            configs[name] = json.loads(path.read_text())
+    return configs
+
+
+def check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
+    """Context parallelism needs a denoiser with a diffusers ``_cp_plan``, heads divisible by the Ulysses degree,
+    a token count divisible by the CP degree, and for ring an attention backend that returns the log-sum-exp."""
+    sizes = {"actor": cfg.actor.context_parallel_size, "rollout": cfg.rollout.context_parallel_size}
+    if max(sizes.values()) == 1:
+        return
+    from rlrunner.cluster.context_parallel import RING_BACKENDS, attention_backend, denoiser_class, has_cp_plan
+    from rlrunner.models import MODEL_FAMILIES, model_class
+
+    model_type, family_cfg = cfg.actor.model.model_type, cfg.actor.model[cfg.actor.model.model_type]
+    key = next(f"{role}.context_parallel_size={cp}" for role, cp in sizes.items() if cp > 1)
+    family = model_class(model_type)
+    denoiser = denoiser_class(family.pipeline_class_name)
+    if denoiser is None or not has_cp_plan(denoiser):
+        _fail(f"{key}: the {model_type} denoiser ({getattr(denoiser, '__name__', 'none')}) has no diffusers _cp_plan; "
+              f"families with one: {', '.join(f for f in MODEL_FAMILIES if has_cp_plan(_denoiser_of(f)))}")
+    if cfg.actor.context_parallel_mode == "ring" and attention_backend() not in RING_BACKENDS:
+        _fail(f"actor.context_parallel_mode=ring needs an attention backend that returns the log-sum-exp "
+              f"({', '.join(RING_BACKENDS)}); this run's is {attention_backend()!r} (DIFFUSERS_ATTN_BACKEND); use "
+              f"actor.context_parallel_mode=ulysses")
+    folder = base_dir / Path(cfg.actor.model.model_path).expanduser()
+    if (folder / "model_index.json").is_file():
+        for role, cp in sizes.items():
+            mode = cfg.actor.context_parallel_mode if role == "actor" else "ulysses"
+            if problem := _sequence_problem(family, family_cfg, folder, cp, mode):
+                _fail(f"{role}.context_parallel_size={cp} with actor.model.{model_type}: {problem}")
+
+
+def _denoiser_of(model_type: str) -> type:
+    from rlrunner.cluster.context_parallel import denoiser_class
+    from rlrunner.models import model_class
+
+    return denoiser_class(model_class(model_type).pipeline_class_name) or object
+
+
+def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int, mode: str) -> str | None:
+    """Why ``cp`` ranks cannot split this family's sequence at ``family_cfg``'s size (the nearest sizes that they
+    can, when the token count is the problem), or None."""
+    from rlrunner.cluster.context_parallel import sequence_problem
+    from rlrunner.sizing.meta import read_components
+
+    _, components = read_components(folder)
+    configs = {name: component.config for name, component in components.items()}
+    heads = configs.get("transformer", {}).get("num_attention_heads")
+    tokens = family.sample_shapes(family_cfg, configs).image_tokens
+    problem = sequence_problem(tokens, heads, cp, mode, "the latent")
+    if problem is None or tokens % cp == 0:
+        return problem
+    height, width = (family_cfg.resolution, family_cfg.resolution) if isinstance(family_cfg.resolution, int) \
+        else tuple(family_cfg.resolution)
+    video = family_cfg.num_frames > 1
+    for step in range(1, 33):  # the nearest frame count (video) or height that divides
+        for sign in (-1, 1):
+            key, value = ("num_frames", family_cfg.num_frames + 4 * sign * step) if video else \
+                ("resolution", [height + 16 * sign * step, width])
+            if (value if video else value[0]) <= 0:
+                continue
+            try:
+                if family.sample_shapes(OmegaConf.merge(family_cfg, {key: value}), configs).image_tokens % cp == 0:
+                    return f"{problem} (at {key} {value} they are)"
+            except ValueError:  # not a size the family takes
+                continue
+    return problem
