@@ -20,6 +20,8 @@ from rlrunner.utils.device import DEVICE_NAMES, PRECISIONS
 # ------------------------------------------------------------------------------------------- the keys' checks
 
 
+# _FAMILY (and _registry, which it reads its choice lists with) moved verbatim from rlrunner/config/checks.py, so
+# that the family-settings change made beside this move ports onto it; the other tables import their registries
 def _registry(module: str, name: str, *, first: tuple[str, ...] = ()) -> Callable[[], list[str]]:
     """The names of registry ``module.name`` (a dict or tuple), imported when a recipe is checked."""
     return lambda: [*first, *getattr(importlib.import_module(module), name)]
