@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlrunner.config.errors import RecipeError
-from rlrunner.config.loader import load_recipe
 from rlrunner.data.prompts import PromptSet, load_prompt_set
+from rlrunner.recipe_checks import load_recipe
 
 # fixed inputs (derandomize), bounded counts, no example database: the same campaign on every machine
 CAMPAIGN = settings(derandomize=True, database=None, deadline=None, print_blob=False,

@@ -16,6 +16,9 @@ workers as values (Ray: object references fetched by the receiving process; in-p
     pending = rollout.scatter_async("generate", args, per_rank_parts=[(attrgetter("train"), attrgetter("scored"))] * n)
     env.scatter("submit", [(handle,) for handle in pending.part(1).handles()])
 
+The checks of the cluster's keys and of the placement (batch, prompt and context-parallel shares of the placed
+devices) are in ``checks.py``.
+
 May import: rlrunner.config, rlrunner.utils
 """
 

@@ -1,9 +1,9 @@
 """The recipe: its typed schema (``schema.py``), loading a recipe with its overrides (``loader.py``,
-``compose.py``, RLinf's spelling in ``rlinf.py``), the paths it names (``paths.py``), one check per key
-(``checks.py`` with the kinds of check in ``check_kinds.py``, the model folder's checks in ``model_checks.py``),
-the cross-key validation run before any worker starts (``validate.py``) and the error a user sees
-(``errors.py``: one line, the key, what was expected).
+``compose.py``, RLinf's spelling in ``rlinf.py``), the paths it names (``paths.py``), the machinery of the checks
+(the kinds of check in ``check_kinds.py``; walking a recipe's leaves and running the per-key tables in
+``checks.py``) and the error a user sees (``errors.py``: one line, the key, what was expected). The checks
+themselves live with the component that reads each key (``rlrunner/<component>/checks.py``), registered in
+:mod:`rlrunner.recipe_checks`, so this package imports none of them.
 
-May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.data, rlrunner.models, rlrunner.rewards,
-rlrunner.sizing, rlrunner.tracking
+May import: nothing of rlrunner
 """

@@ -1,5 +1,6 @@
-"""The kinds of check a recipe key can have (:data:`rlrunner.config.checks.KEY_CHECKS` gives each key one): each
-returns None for a good value, or the end of a one-line error (what is allowed)."""
+"""The kinds of check a recipe key can have (each component's ``KEY_CHECKS`` table gives each of its keys one, e.g.
+:data:`rlrunner.rewards.checks.KEY_CHECKS`): each returns None for a good value, or the end of a one-line error (what
+is allowed). Also the common ranges, the names a ``Choice`` offers, and the signature of a cross-key check."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
 
 @dataclass(frozen=True)
 class Context:
     base_dir: Path  # anchors relative paths
+    check_datasets: bool = True  # False: the prompt files are not read (rlrunner.commands.plan reads none)
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class Free:
 
 @dataclass(frozen=True)
 class Elsewhere:
-    """Checked together with other keys by the named function of :mod:`rlrunner.config.validate`."""
+    """Checked together with other keys by the named cross-key check of the component that reads the key."""
 
     where: str
 
@@ -116,3 +120,23 @@ class InPathTable:
 
 
 Check = Free | Elsewhere | Choice | Each | Range | Rule | InPathTable
+
+
+def names(registry: Iterable[str], *, first: tuple[str, ...] = ()) -> Callable[[], list[str]]:
+    """The names of a registry (a dict or tuple), read when a recipe is checked: a registry that fills as its
+    modules register (rewards) offers every name by then."""
+    return lambda: [*first, *registry]
+
+
+def fixed(*choices: str) -> Callable[[], Iterable[str]]:
+    """Keys whose only consumer takes these names (no registry of their own)."""
+    return lambda: choices
+
+
+POSITIVE_INT = Range(low=1)
+COUNT = Range(low=0)  # 0 = off / none, where the key's comment says so
+SEED = Range(low=0, high=2**32 - 1, meaning="numpy and torch seeds")
+UNIT_OPEN = Range(low=0, high=1, high_open=True)
+
+CrossCheck = Callable[[DictConfig, Context], None]
+"""A check across keys: raises :class:`~rlrunner.config.errors.RecipeError` with one line, or returns."""

@@ -1,4 +1,5 @@
-"""Load a recipe: YAML file → structured OmegaConf config with overrides, then validate.
+"""Load a recipe: YAML file → structured OmegaConf config with overrides (checked afterwards, by each component's
+checks: :func:`rlrunner.recipe_checks.load_recipe`).
 
 Errors a user can fix are raised as :class:`RecipeError` with one line that names the key, the bad value and
 what to change; the command-line entry point prints that line and exits non-zero without a traceback.
@@ -18,11 +19,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlrunner.config.checks import family_sections
 from rlrunner.config.compose import compose
 from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
-from rlrunner.config.model_checks import resolve_model_type
-from rlrunner.config.paths import launch_dir, resolve_paths
+from rlrunner.config.paths import resolve_paths
 from rlrunner.config.rlinf import translate
 from rlrunner.config.schema import RecipeConfig
-from rlrunner.config.validate import validate
 
 logger = logging.getLogger("rlrunner")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
@@ -103,14 +102,14 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         raise RecipeError(f"cannot parse overrides {overrides}: {str(err).splitlines()[0]}") from None
 
 
-def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR, *,
-                check_datasets: bool = True) -> DictConfig:
-    """Merge recipe ``name`` and ``overrides`` onto the schema, resolve interpolations and validate.
+def merge_recipe(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR, *,
+                 check_datasets: bool = True) -> DictConfig:
+    """Merge recipe ``name`` and ``overrides`` onto the schema and resolve interpolations, not yet checked:
+    :func:`rlrunner.recipe_checks.load_recipe` checks it (each component its keys) and makes it read-only.
 
     ``check_datasets=False`` accepts a recipe whose prompt files are absent (for tools that read no prompts).
-
-    Returns a struct-mode, read-only :class:`DictConfig` whose local paths are absolute
-    (:mod:`rlrunner.config.paths`); raises :class:`RecipeError` on any user error.
+    Returns a struct-mode :class:`DictConfig` whose local paths are absolute (:mod:`rlrunner.config.paths`);
+    raises :class:`RecipeError` on any user error.
     """
     path = recipe_path(name, config_dir)
     schema = OmegaConf.structured(RecipeConfig)
@@ -142,9 +141,6 @@ def load_recipe(name: str, overrides: list[str] | None = None, config_dir: Path 
         cfg.runner.logger.experiment_name = path.stem
     # workers run elsewhere: relative paths mean nothing there (each is checked where it is read)
     resolve_paths(cfg, check_driver_paths=check_datasets)
-    resolve_model_type(cfg, base_dir=launch_dir())
-    validate(cfg, base_dir=launch_dir(), check_datasets=check_datasets)
-    OmegaConf.set_readonly(cfg, True)
     return cfg
 
 

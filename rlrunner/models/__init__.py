@@ -4,7 +4,7 @@ Families are imported lazily (SD3, Wan and Qwen-Image pull in large parts of tra
 To add one: write ``models/<family>.py`` with a ``FlowModel`` subclass that has a classmethod
 ``load(model_path, family_cfg, *, device, dtype)`` and list it in ``MODEL_FAMILIES``.
 
-May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.utils
+May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.sizing, rlrunner.utils
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ per sample (:meth:`Objective.rollout`), and the actor's loss on a micro-batch of
 
 Each algorithm is one file here, a thin layer over its pure math in ``rlrunner/algorithms/``; rollout, rewards,
 advantages, EMA, weight sync, checkpoints and logging are shared. To add one: subclass :class:`Objective` in
-``objectives/<name>.py`` and list it in ``OBJECTIVES``.
+``objectives/<name>.py`` and list it in ``OBJECTIVES``. The checks of the ``algorithm.*`` keys are in
+``checks.py``.
 
-May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.models, rlrunner.utils
+May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.utils
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
-from rlrunner.config.validate import check_placement
+from rlrunner.cluster.checks import check_placement
 from rlrunner.data.prompts import PromptSampler, load_datasets
 from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class

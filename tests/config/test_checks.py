@@ -1,15 +1,18 @@
-"""Every schema key has a check, and representative bad values are rejected with one line naming key, value and
-what is allowed (before any model loads)."""
+"""Every schema key has a check, held by the component that reads it, and representative bad values are rejected
+with one line naming key, value and what is allowed (before any model loads)."""
 
+import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from rlrunner.config.checks import KEY_CHECKS, family_sections, leaves, table_key
+from rlrunner.config.checks import family_sections, leaves, table_key
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.loader import RecipeError as ReexportedRecipeError
 from rlrunner.config.schema import RecipeConfig
+from rlrunner.recipe_checks import KEY_CHECKS, KEY_TABLES
 from tests.config.test_loader import load, write_recipe
 
 
@@ -18,9 +21,66 @@ def test_every_schema_leaf_has_a_check_and_every_check_a_leaf():
     families = family_sections(schema)
     assert {"tiny", "sd3", "wan22_ti2v_5b", "qwen_image"} <= set(families)
     keys = {table_key(dotted, families) for dotted, _ in leaves(schema)}
-    assert sorted(keys - set(KEY_CHECKS)) == [], "schema keys without an entry in rlrunner.config.checks.KEY_CHECKS"
+    assert sorted(keys - set(KEY_CHECKS)) == [], "schema keys without a check in any table"
     assert sorted(set(KEY_CHECKS) - keys) == [], "KEY_CHECKS entries for keys the schema no longer has"
     assert "env.<split>.reward.engine" in keys and "actor.model.<family>.lora_path" in keys  # the walk goes deep
+
+
+# which component reads the keys under each prefix; a key belongs to its longest matching prefix
+OWNERS = {
+    "cluster.": "cluster", "actor.strategy": "cluster", "actor.one_rank_group": "cluster",
+    "actor.context_parallel_": "cluster", "rollout.context_parallel_size": "cluster",
+    "runner.": "run", "env.<split>.video_cfg.": "run",
+    "runner.logger.": "tracking",
+    "algorithm.": "objectives",
+    "env.<split>.dataset.": "data", "env.<split>.total_num_envs": "data", "env.<split>.rollout_epoch": "data",
+    "env.<split>.reward.": "rewards",
+    "actor.micro_batch_size": "workers", "actor.global_batch_size": "workers", "actor.seed": "workers",
+    "actor.optim.": "workers",
+    "actor.model.": "models",
+}
+
+
+def _owner(key: str) -> str | None:
+    prefixes = [prefix for prefix in OWNERS if key.startswith(prefix)]
+    return OWNERS[max(prefixes, key=len)] if prefixes else None
+
+
+def test_each_table_holds_only_the_keys_of_its_components_prefixes():
+    wrong = {key: (component, _owner(key)) for component, table in KEY_TABLES.items() for key in table
+             if _owner(key) != component}
+    assert wrong == {}, "key: (the table holding it, the component that reads it)"
+    assert set(KEY_TABLES) == set(OWNERS.values())
+
+
+def test_every_schema_leaf_has_exactly_one_entry_over_all_tables():
+    schema = OmegaConf.structured(RecipeConfig)
+    families = family_sections(schema)
+    keys = {table_key(dotted, families) for dotted, _ in leaves(schema)}
+    counts = Counter(key for table in KEY_TABLES.values() for key in table)
+    assert {key: n for key, n in counts.items() if n > 1} == {}, "keys checked by two components"
+    assert set(counts) == keys == set(KEY_CHECKS)
+
+
+def _packages_imported(folder: Path) -> set[str]:
+    """The ``rlrunner`` packages the modules of ``folder`` import anywhere (lazy imports inside functions too)."""
+    found = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module)
+                if node.module == "rlrunner":  # from rlrunner import models
+                    found.update(f"rlrunner.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+    return {".".join(name.split(".")[:2]) for name in found if name.startswith("rlrunner.")}
+
+
+def test_the_recipe_package_imports_none_of_the_components_it_configures():
+    """rlrunner/config holds the check machinery; each component checks its own keys, so config imports none."""
+    imported = _packages_imported(Path(__file__).resolve().parents[2] / "rlrunner" / "config")
+    components = {"models", "rewards", "cluster", "data", "objectives", "algorithms", "tracking", "recipe_checks"}
+    assert imported & {f"rlrunner.{name}" for name in components} == set()
 
 
 def test_recipe_error_lives_in_its_own_module():

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlrunner.config.loader import RecipeError, available_recipes, load_recipe
+from rlrunner.config.loader import RecipeError, available_recipes
+from rlrunner.recipe_checks import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,11 @@ from omegaconf import OmegaConf
 
 from rlrunner.cluster.ray_host import WorkerHost
 from rlrunner.cluster.shipping import NodeSetupError
-from rlrunner.config.checks import KEY_CHECKS, InPathTable, leaves
+from rlrunner.config.check_kinds import InPathTable
+from rlrunner.config.checks import leaves
 from rlrunner.config.paths import PATH_KEYS, path_key
 from rlrunner.config.schema import RecipeConfig
+from rlrunner.recipe_checks import KEY_CHECKS
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker
