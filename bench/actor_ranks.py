@@ -36,7 +36,7 @@ from family_helpers import encode_prompt_batch, make_noise
 from rlrunner.cluster import create_cluster
 from rlrunner.cluster.parallelize import Engine
 from rlrunner.models import build_model
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.step.batch import Batch
 from rlrunner.step.sample_order import optimizer_step_shards
 from rlrunner.workers.actor import ActorWorker

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from rlrunner.cluster.placement import parse_placement
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.sizing.memory import ModelSizes, StepGeometry, format_bytes, model_sizes, step_geometry
 from rlrunner.step.sample_order import TrainPlan
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlrunner.cluster import create_cluster, ray_backend
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.run import runner as runner_module
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker

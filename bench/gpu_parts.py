@@ -123,7 +123,7 @@ def measure_recipe(recipe: str, folder: Path, profile: Profile, label: str, work
     from rlrunner.cluster.parallelize import Engine
     from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
     from rlrunner.objectives import MicroBatch, build_objective
-    from rlrunner.recipe_checks import load_recipe
+    from rlrunner.recipe import load_recipe
 
     cfg = load_recipe(recipe, model_overrides(folder, profile, write_prompts(workdir / "prompts")))
     family = cfg.actor.model[cfg.actor.model.model_type]
@@ -280,7 +280,7 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
     launch may take ``timeout`` seconds."""
     import torch
 
-    from rlrunner.recipe_checks import load_recipe
+    from rlrunner.recipe import load_recipe
     from rlrunner.run.checkpoint import complete_checkpoints
 
     run = profile.run

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing rlrunner
 from rlrunner.cluster import create_cluster
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.run.runner import Runner
 
 PHASES = ("rollout", "reward", "advantages", "train", "ema", "sync", "step")

@@ -4,6 +4,6 @@ Data flows one way, and a package imports only from the packages its docstring n
 recipe (``config``) → placement (``cluster``) → workers (``workers``, over ``models``, ``objectives``, ``rewards``,
 ``data``) → the run (``run``, moving what ``step`` defines) → pure math (``algorithms``) → reports (``tracking``).
 ``commands`` holds what a user runs; ``sizing`` answers "will it fit?"; ``utils`` serves every layer. Each component
-checks the recipe keys it reads (its ``checks.py``), and ``recipe_checks.py`` runs them all, in order. docs/layout.md
+checks the recipe keys it reads (its ``checks.py``), and ``recipe.py`` runs them all, in order. docs/layout.md
 lists every module, generated from these docstrings (``bin/rlrunner python scripts/layout.py --write``).
 """

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 import rlrunner.objectives.nft as nft_objective_module
 from rlrunner.models.tiny_text import write_random_tiny
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.workers.rollout import RolloutWorker
 
 # A recipe small enough for a CPU test (about a second per step): random 16x32 tiny model, 2 Euler steps,

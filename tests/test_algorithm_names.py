@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rlrunner.objectives import OBJECTIVES, build_objective
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from tests.test_launcher import launch
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rlrunner.config.errors import RecipeError
 from rlrunner.data.prompts import PromptSet, load_prompt_set
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 
 # fixed inputs (derandomize), bounded counts, no example database: the same campaign on every machine
 CAMPAIGN = settings(derandomize=True, database=None, deadline=None, print_blob=False,

@@ -9,7 +9,7 @@ import pytest
 from runner_helpers import make_assets, train_metrics
 
 import rlrunner.run.runner as runner_module
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.run.runner import run
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """The checks of the cluster's keys (``cluster.*``, the actor's parallel engine, context-parallel sizes and mode),
 and the checks that need the placement: how batches, prompts and context-parallel groups share the placed devices.
-Registered in :mod:`rlrunner.recipe_checks`, which runs :func:`check_placement` before launch when the devices are
+Registered in :mod:`rlrunner.recipe`, which runs :func:`check_placement` before launch when the devices are
 known offline; :class:`rlrunner.run.runner.Runner` runs it again after joining a Ray cluster."""
 
 from __future__ import annotations

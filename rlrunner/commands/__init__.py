@@ -3,6 +3,6 @@
 ``serve_reward`` (any registered reward over HTTP). Each parses its arguments, turns a user's mistake into one line
 and an exit status, and calls the packages below; no other package imports a command.
 
-May import: rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.objectives, rlrunner.recipe_checks,
+May import: rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.objectives, rlrunner.recipe,
 rlrunner.rewards, rlrunner.run, rlrunner.sizing, rlrunner.tracking, rlrunner.utils
 """

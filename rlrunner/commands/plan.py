@@ -19,7 +19,7 @@ import torch
 from rlrunner.cluster.placement import format_devices, parse_placement
 from rlrunner.cluster.resources import detect_devices_per_node
 from rlrunner.config.loader import RecipeError
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.sizing.memory import (
     ComponentPlan,
     ModelSizes,

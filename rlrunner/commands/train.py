@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, to_yaml, with_log_dir
 from rlrunner.models import MODEL_FAMILIES, model_class
 from rlrunner.objectives import OBJECTIVES
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.tracking.console import console_copied_to
 
 # algorithm.<name>_* keys belong to algorithm <name>, except the EMA schedule, which every algorithm uses

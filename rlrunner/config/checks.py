@@ -1,7 +1,7 @@
 """Running the per-key checks: walking a recipe's leaves, matching each leaf to its table entry, and running it.
 
 The tables are the components' (``KEY_CHECKS`` in ``rlrunner/<component>/checks.py``, registered in
-:mod:`rlrunner.recipe_checks`), keyed by dotted key, with ``<split>`` standing for ``train``/``eval`` and
+:mod:`rlrunner.recipe`), keyed by dotted key, with ``<split>`` standing for ``train``/``eval`` and
 ``<family>`` for each model family section (``actor.model.tiny``, ``actor.model.sd3``, ...).
 tests/config/test_checks.py fails when a leaf of the schema has no entry in exactly one table, so a new key cannot
 ship unchecked: add it to the table of the component that reads it, with the narrowest check that fits.

@@ -1,5 +1,5 @@
 """Load a recipe: YAML file → structured OmegaConf config with overrides (checked afterwards, by each component's
-checks: :func:`rlrunner.recipe_checks.load_recipe`).
+checks: :func:`rlrunner.recipe.load_recipe`).
 
 Errors a user can fix are raised as :class:`RecipeError` with one line that names the key, the bad value and
 what to change; the command-line entry point prints that line and exits non-zero without a traceback.
@@ -105,7 +105,7 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
 def merge_recipe(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR, *,
                  check_datasets: bool = True) -> DictConfig:
     """Merge recipe ``name`` and ``overrides`` onto the schema and resolve interpolations, not yet checked:
-    :func:`rlrunner.recipe_checks.load_recipe` checks it (each component its keys) and makes it read-only.
+    :func:`rlrunner.recipe.load_recipe` checks it (each component its keys) and makes it read-only.
 
     ``check_datasets=False`` accepts a recipe whose prompt files are absent (for tools that read no prompts).
     Returns a struct-mode :class:`DictConfig` whose local paths are absolute (:mod:`rlrunner.config.paths`);

@@ -1,6 +1,6 @@
 """The checks of the prompt-set keys (``env.<split>.dataset.*``, how many prompts a step rolls out) and across keys:
 whole prompt groups, and each split's prompt file there, readable, with the key each record needs (GenEval
-records where the split's reward is GenEval). Registered in :mod:`rlrunner.recipe_checks`."""
+records where the split's reward is GenEval). Registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 

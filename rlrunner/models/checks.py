@@ -1,7 +1,7 @@
 """The checks of the model's keys (``actor.model.*``, each family section's under ``<family>``), ``model_type:
 auto`` resolved, and across keys: a model is named, the family's guidance kinds, folder and resolution, its experts,
 and context parallelism over its token sequence. Each raises :class:`~rlrunner.config.errors.RecipeError` with one
-line, before any worker starts; registered in :mod:`rlrunner.recipe_checks`."""
+line, before any worker starts; registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The checks of the ``algorithm.*`` keys, and across keys: the advantage mode of the advantage estimator, the
 rollout states NFT trains on, FlowGRPO's sampler, guidance and SDE window, and AWM's sampler band. Registered in
-:mod:`rlrunner.recipe_checks`."""
+:mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The checks of the run's keys (``runner.*`` but its logger, and where a split's videos are saved), and across
-keys: which changes a resumed run accepts. Registered in :mod:`rlrunner.recipe_checks`."""
+keys: which changes a resumed run accepts. Registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 

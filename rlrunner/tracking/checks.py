@@ -1,5 +1,5 @@
 """The checks of the logger's keys (``runner.logger.*``), and across keys: each tracker named is installed.
-Registered in :mod:`rlrunner.recipe_checks`."""
+Registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The checks of the actor worker's keys: its batch sizes, seed and optimizer (``actor.optim.*``). How the batches
 share the placed devices is checked with the placement (:func:`rlrunner.cluster.checks.check_placement`).
-Registered in :mod:`rlrunner.recipe_checks`."""
+Registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from rlrunner.run.checkpoint import complete_checkpoints
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the runner tests' recipe helpers
 from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
 
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from rlrunner.config.checks import family_sections, leaves, table_key
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.loader import RecipeError as ReexportedRecipeError
 from rlrunner.config.schema import RecipeConfig
-from rlrunner.recipe_checks import KEY_CHECKS, KEY_TABLES
+from rlrunner.recipe import KEY_CHECKS, KEY_TABLES
 from tests.config.test_loader import load, write_recipe
 
 
@@ -79,7 +79,7 @@ def _packages_imported(folder: Path) -> set[str]:
 def test_the_recipe_package_imports_none_of_the_components_it_configures():
     """rlrunner/config holds the check machinery; each component checks its own keys, so config imports none."""
     imported = _packages_imported(Path(__file__).resolve().parents[2] / "rlrunner" / "config")
-    components = {"models", "rewards", "cluster", "data", "objectives", "algorithms", "tracking", "recipe_checks"}
+    components = {"models", "rewards", "cluster", "data", "objectives", "algorithms", "tracking", "recipe"}
     assert imported & {f"rlrunner.{name}" for name in components} == set()
 
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from rlrunner.config.loader import RecipeError, available_recipes
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from rlrunner.config.check_kinds import InPathTable
 from rlrunner.config.checks import leaves
 from rlrunner.config.paths import PATH_KEYS, path_key
 from rlrunner.config.schema import RecipeConfig
-from rlrunner.recipe_checks import KEY_CHECKS
+from rlrunner.recipe import KEY_CHECKS
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker

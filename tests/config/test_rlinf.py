@@ -11,7 +11,7 @@ import yaml
 
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.loader import CONFIG_DIR, available_recipes
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RLINF = ROOT / "tests/data/rlinf"

@@ -365,7 +365,7 @@ def family_recipe(tiny_dirs, tmp_path_factory) -> Callable[..., Any]:
     """``family_recipe(model_type, *overrides, algorithm="nft", path=None)``: the tiny CPU recipe turned into a
     :data:`FAMILY_RUN` of ``model_type`` on its tiny folder (or ``path``), loaded and validated as the launcher
     does; logs go under a session folder."""
-    from rlrunner.recipe_checks import load_recipe
+    from rlrunner.recipe import load_recipe
 
     data = tmp_path_factory.mktemp("family_prompts")
     for split in ("train", "test"):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlrunner.models.wan import latent_num_frames
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 from rlrunner.rewards.frames import num_chunks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, detect_model_type
 from rlrunner.models.flux1 import Flux1FlowModel
 from rlrunner.models.schedules import token_shift_mu
 from rlrunner.objectives import MicroBatch, build_objective
-from rlrunner.recipe_checks import load_recipe
+from rlrunner.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 FLUX1_DEV = ROOT / "bench" / "model_configs" / "flux.1-dev"  # the published configs, scheduler included

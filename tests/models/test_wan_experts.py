@@ -229,7 +229,7 @@ def test_a_recipe_on_another_wan_layout_fails_in_one_line_before_launch(tiny_dir
 
 
 def _load_a14b_recipe(*overrides: str):
-    from rlrunner.recipe_checks import load_recipe
+    from rlrunner.recipe import load_recipe
 
     data = [f"env.{s}.dataset.path=examples/diffusion/data/tiny_ocr" for s in ("train", "eval")]
     return load_recipe("wan22_t2v_a14b_nft_video_ocr", [*data, *overrides])

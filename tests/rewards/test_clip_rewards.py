@@ -241,7 +241,7 @@ def test_recipes_check_clip_rewards_before_any_worker_starts():
     """The Wan video recipe trains on PickScore per chunk as it does on OCR; aesthetic without its head is an error
     that names the key."""
     from rlrunner.config.errors import RecipeError
-    from rlrunner.recipe_checks import load_recipe
+    from rlrunner.recipe import load_recipe
 
     video = ["env.train.reward.model=pickscore", "env.eval.reward.model=hpsv2"]
     cfg = load_recipe("wan22_ti2v_5b_nft_video_ocr", video, check_datasets=False)

@@ -198,7 +198,7 @@ def test_recipe_and_shipped_records(monkeypatch):
     """sd3_nft_geneval validates with DiffusionNFT's GenEval numbers, and every shipped test record is well-formed."""
     from pathlib import Path
 
-    from rlrunner.recipe_checks import load_recipe
+    from rlrunner.recipe import load_recipe
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)

@@ -1,4 +1,4 @@
-"""Every check of a recipe, registered in one place, and the recipe loaded and checked before any worker starts.
+"""A recipe, loaded and checked before any worker starts: every component's checks, registered in one place.
 
 Each component checks the keys it reads, in its own ``checks.py``: a table of one check per key (``KEY_CHECKS``)
 and the checks across keys. This module lists them in the order they run: every key on its own first, then the
