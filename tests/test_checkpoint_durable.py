@@ -4,6 +4,7 @@ written, stale writes are cleaned, and a checkpoint file is never unpickled into
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -171,3 +172,44 @@ def test_an_older_format_is_refused_with_one_line(tmp_path):
         load_checkpoint(ckpt, {})
     assert str(err.value) == (f"checkpoint {ckpt} has format_version 2, this rlrunner reads 3; resume it with the "
                               "rlrunner version that wrote it")
+
+
+def _refusing_directory_fsync(monkeypatch, code: int) -> list[str]:
+    """os.fsync as a CIFS/SMB or FUSE mount answers it: ``code`` for a folder, a real fsync for a file. Returns the
+    folders refused."""
+    from rlrunner.utils import durable
+
+    monkeypatch.setattr(durable, "_warned_refusal", False)  # a fresh process, whatever earlier tests did
+    fsync, refused = os.fsync, []
+
+    def fsync_files_only(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            refused.append(os.readlink(f"/proc/self/fd/{fd}"))
+            raise OSError(code, os.strerror(code))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_files_only)
+    return refused
+
+
+def test_a_filesystem_that_refuses_to_fsync_folders_is_warned_about_once_and_the_save_completes(
+        tmp_path, monkeypatch, caplog):
+    refused = _refusing_directory_fsync(monkeypatch, errno.EINVAL)
+    root = tmp_path / "logs" / "20260101-000000-exp" / "checkpoints"
+    with caplog.at_level(logging.WARNING, logger="rlrunner.utils.durable"):
+        first, second = _save(root, 1), _save(root, 2)
+    assert len(refused) > 4  # every folder of both saves was asked
+    [warning] = caplog.records  # once per process, not once per folder or per save
+    assert warning.getMessage() == (f"the filesystem of {refused[0]} refuses to fsync a folder (Invalid argument): "
+                                    "writes there go on, but their durability across a power loss is not "
+                                    "guaranteed there")
+    assert complete_checkpoints(root) == [first, second]
+    assert load_checkpoint(second, {"model_type": "tiny"})["runner"] == {"step": 2}
+    assert resume_point("auto", tmp_path / "logs", RECIPE) == second
+
+
+def test_other_fsync_errors_of_a_folder_still_end_the_save(tmp_path, monkeypatch):
+    _refusing_directory_fsync(monkeypatch, errno.EIO)  # a disk that fails: no checkpoint must claim to be durable
+    with pytest.raises(OSError, match="Input/output error"):
+        _save(tmp_path, 1)
+    assert complete_checkpoints(tmp_path) == []
