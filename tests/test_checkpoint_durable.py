@@ -4,6 +4,7 @@ written, stale writes are cleaned, and a checkpoint file is never unpickled into
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -19,10 +20,10 @@ from rlrunner.run.checkpoint import (
     CheckpointError,
     complete_checkpoints,
     load_checkpoint,
-    newest_loadable_checkpoint,
     save_checkpoint,
 )
-from rlrunner.run.resume_point import latest_checkpoint, resume_point
+from rlrunner.run.checkpoint_index import CheckpointIndex
+from rlrunner.run.resume_point import resume_point
 
 RECIPE = {"runner": {"logger": {"experiment_name": "exp"}, "resume_allow_changes": False}}
 CONFIG_YAML = "runner:\n  logger:\n    experiment_name: exp\n  resume_allow_changes: false\n"
@@ -75,13 +76,13 @@ def test_a_truncated_newest_checkpoint_makes_auto_resume_fall_back_with_the_reas
     with caplog.at_level(logging.WARNING):
         assert resume_point("auto", tmp_path / "logs", RECIPE) == good
     assert f"skipping checkpoint {broken}: checkpoint file {broken / ACTOR_FILE} has 0 bytes" in caplog.text
-    assert newest_loadable_checkpoint(root)[0] == good
-    [skipped] = newest_loadable_checkpoint(root)[1]
+    assert CheckpointIndex.of_run(root).newest_loadable()[0] == good
+    [skipped] = CheckpointIndex.of_run(root).newest_loadable()[1]
     assert skipped.path == broken and "0 bytes, its manifest says" in skipped.reason
     # the same file at its recorded length but garbled: it does not unpickle, and that is the reason given
     size = json.loads((broken / MANIFEST).read_text())["files"][ACTOR_FILE]
     (broken / ACTOR_FILE).write_bytes(b"\0" * size)
-    assert newest_loadable_checkpoint(root)[0] == good
+    assert CheckpointIndex.of_run(root).newest_loadable()[0] == good
     with pytest.raises(CheckpointError, match=rf"^checkpoint file {broken / ACTOR_FILE} does not load "):
         load_checkpoint(broken, {"model_type": "tiny"})
 
@@ -92,7 +93,7 @@ def test_an_empty_or_invalid_manifest_is_skipped_never_a_crash(tmp_path, manifes
     good = _save(root, 1)
     broken = _save(root, 2)
     (broken / MANIFEST).write_text(manifest)
-    assert latest_checkpoint(tmp_path / "logs", "exp") == broken  # listed (it has a manifest file) ...
+    assert CheckpointIndex.of_experiment(tmp_path / "logs", "exp").newest() == broken  # listed (it has a manifest file) ...
     assert resume_point("auto", tmp_path / "logs", RECIPE) == good  # ... but never resumed from
     with pytest.raises(CheckpointError, match=rf"^{broken / MANIFEST} (is empty|is not valid JSON|holds list)"):
         load_checkpoint(broken, {})
@@ -116,7 +117,7 @@ def test_a_save_of_step_60_beside_step_100_keeps_60_the_last_written(tmp_path):
     _save(tmp_path, 60)
     _save(tmp_path, 61, keep_last_n=2)  # the two last written, whatever their steps
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["global_step_60", "global_step_61"]
-    assert newest_loadable_checkpoint(tmp_path)[0].name == "global_step_61"
+    assert CheckpointIndex.of_run(tmp_path).newest_loadable()[0].name == "global_step_61"
 
 
 def test_a_checkpoint_that_does_not_read_back_fails_the_save_and_prunes_nothing(tmp_path):
@@ -160,7 +161,7 @@ def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_never_run
     with pytest.raises(CheckpointError, match=rf"^checkpoint file {ckpt / RUNNER_FILE} does not load \(UnpicklingError: "
                                               r"it holds objects other than tensors and plain values"):
         load_checkpoint(ckpt, {"model_type": "tiny"})
-    assert newest_loadable_checkpoint(tmp_path)[0] is None
+    assert CheckpointIndex.of_run(tmp_path).newest_loadable()[0] is None
     assert not marker.exists()
 
 
@@ -171,3 +172,44 @@ def test_an_older_format_is_refused_with_one_line(tmp_path):
         load_checkpoint(ckpt, {})
     assert str(err.value) == (f"checkpoint {ckpt} has format_version 2, this rlrunner reads 3; resume it with the "
                               "rlrunner version that wrote it")
+
+
+def _refusing_directory_fsync(monkeypatch, code: int) -> list[str]:
+    """os.fsync as a CIFS/SMB or FUSE mount answers it: ``code`` for a folder, a real fsync for a file. Returns the
+    folders refused."""
+    from rlrunner.utils import durable
+
+    monkeypatch.setattr(durable, "_warned_refusal", False)  # a fresh process, whatever earlier tests did
+    fsync, refused = os.fsync, []
+
+    def fsync_files_only(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            refused.append(os.readlink(f"/proc/self/fd/{fd}"))
+            raise OSError(code, os.strerror(code))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_files_only)
+    return refused
+
+
+def test_a_filesystem_that_refuses_to_fsync_folders_is_warned_about_once_and_the_save_completes(
+        tmp_path, monkeypatch, caplog):
+    refused = _refusing_directory_fsync(monkeypatch, errno.EINVAL)
+    root = tmp_path / "logs" / "20260101-000000-exp" / "checkpoints"
+    with caplog.at_level(logging.WARNING, logger="rlrunner.utils.durable"):
+        first, second = _save(root, 1), _save(root, 2)
+    assert len(refused) > 4  # every folder of both saves was asked
+    [warning] = caplog.records  # once per process, not once per folder or per save
+    assert warning.getMessage() == (f"the filesystem of {refused[0]} refuses to fsync a folder (Invalid argument): "
+                                    "writes there go on, but their durability across a power loss is not "
+                                    "guaranteed there")
+    assert complete_checkpoints(root) == [first, second]
+    assert load_checkpoint(second, {"model_type": "tiny"})["runner"] == {"step": 2}
+    assert resume_point("auto", tmp_path / "logs", RECIPE) == second
+
+
+def test_other_fsync_errors_of_a_folder_still_end_the_save(tmp_path, monkeypatch):
+    _refusing_directory_fsync(monkeypatch, errno.EIO)  # a disk that fails: no checkpoint must claim to be durable
+    with pytest.raises(OSError, match="Input/output error"):
+        _save(tmp_path, 1)
+    assert complete_checkpoints(tmp_path) == []

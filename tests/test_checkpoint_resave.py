@@ -19,7 +19,7 @@ from rlrunner.run.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rlrunner.run.resume_point import resolve_resume_dir
+from rlrunner.run.checkpoint_index import find_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 # saves step 2 twice in the run folder argv[1]; the re-save is killed right before the new copy is renamed in
@@ -62,7 +62,7 @@ def test_a_kill_between_the_two_renames_of_a_resave_loses_nothing(tmp_path):
     aside = checkpoints / "global_step_2.old"
     assert complete_checkpoints(checkpoints) == [aside]
     for given in (str(checkpoints / "global_step_2"), str(run_dir), "auto"):
-        assert resolve_resume_dir(given, tmp_path, "resave") == aside, given
+        assert find_checkpoint(given, tmp_path, "resave") == aside, given
     ckpt = load_checkpoint(aside, {"model_type": "tiny"}, actor_world_size=1)
     assert ckpt["runner"]["marker"] == "first" and (aside / "adapter").is_dir()
     # the next save of the step puts a complete global_step_2 in place and leaves nothing else behind

@@ -117,3 +117,24 @@ def test_auto_finds_the_checkpoint_under_rlrunner_log_root_through_the_launcher(
     second_dir = max(log_root.iterdir())
     steps = [json.loads(line)["step"] for line in (second_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2] and not (tmp_path / "elsewhere").exists()
+
+
+def test_an_explicit_resume_dir_with_another_rollout_context_parallel_degree_is_refused_in_one_line(tmp_path):
+    """Every resume_dir form compares recipes as auto does: a checkpoint folder or a run folder rolled out in other
+    rollout groups (rollout.context_parallel_size) would go on with other rollout noise."""
+    ckpt = _fake_checkpoint(tmp_path, "20260101-000000-tiny_nft_ocr", 3)
+    logs = tmp_path / "logs"
+    recipe = _recipe(tmp_path)
+    recipe["rollout"]["context_parallel_size"] = 2  # on the resolved recipe: the tiny denoiser has no CP plan
+    for given in (str(ckpt), str(ckpt.parents[1])):
+        with pytest.raises(CheckpointError) as err:
+            resume_point(given, logs, recipe)
+        assert str(err.value) == (
+            f"runner.resume_dir={given!r}: checkpoint {ckpt} was made with a different recipe: "
+            "rollout.context_parallel_size (1 -> 2); resume it anyway with "
+            "runner.resume_allow_changes=[rollout.context_parallel_size] (or true)")
+    recipe["runner"]["resume_allow_changes"] = ["rollout.context_parallel_size"]
+    assert resume_point(str(ckpt), logs, recipe) == ckpt
+    # the same recipe, relaunched with another length, placement and actor engine, resumes from an explicit path
+    same = _recipe(tmp_path, "runner.max_steps=50", "cluster.worker_timeout_s=60", "actor.strategy=fsdp2")
+    assert resume_point(str(ckpt.parents[1]), logs, same) == ckpt

@@ -3,6 +3,7 @@ status, the run's own error kept, exact or refused resumes, and a SIGTERM that s
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -91,6 +92,28 @@ def test_another_number_of_rollout_ranks_is_refused(cosine_run, tmp_path):
                                               r"go on as it would have; place 2 rollout rank\(s\)"):
         _run(cosine_run.parents[1], "20260101-000003-ranks", "runner.max_steps=2", "actor.optim.lr_scheduler=cosine",
              f"runner.resume_dir={checkpoint}")
+
+
+def test_the_same_rollout_groups_on_other_ranks_resume_and_go_on_as_the_saved_run(cosine_run, tmp_path):
+    """Rollout noise is seeded per rollout group: a checkpoint rolled out by 2 ranks in one context-parallel group
+    (rollout.context_parallel_size=2) goes on with 1 rank as the saved run would have, once the recipe key is
+    accepted; the ranks alone (2 against 1) said nothing about the noise."""
+    checkpoint = tmp_path / "global_step_1"
+    shutil.copytree(cosine_run / "checkpoints" / "global_step_1", checkpoint)
+    state = torch.load(checkpoint / "runner.pt", weights_only=False)
+    torch.save({**state, "rollout_world_size": 2}, checkpoint / "runner.pt")
+    config = checkpoint / "config.yaml"
+    saved = config.read_text()
+    assert "rollout:\n  context_parallel_size: 1\n" in saved
+    config.write_text(saved.replace("rollout:\n  context_parallel_size: 1\n", "rollout:\n  context_parallel_size: 2\n"))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    for name in ("runner.pt", "config.yaml"):
+        manifest["files"][name] = (checkpoint / name).stat().st_size
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    resumed = _run(cosine_run.parents[1], "20260101-000004-groups", "runner.max_steps=2",
+                   "actor.optim.lr_scheduler=cosine", f"runner.resume_dir={checkpoint}",
+                   "runner.resume_allow_changes=[rollout.context_parallel_size]")
+    assert [m["env/avg"] for m in train_metrics(resumed)] == [m["env/avg"] for m in train_metrics(cosine_run)][1:]
 
 
 def test_resume_between_weight_syncs_rolls_out_with_the_adapters_of_the_last_sync(tmp_path):

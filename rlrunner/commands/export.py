@@ -1,7 +1,7 @@
 """Export a trained adapter from a checkpoint, with a card that says how to load it.
 
     bin/rlrunner export logs/<run>/checkpoints/global_step_N --out my_lora [--adapter ema]
-    bin/rlrunner export logs/<run> --out my_lora          # newest complete checkpoint of the run
+    bin/rlrunner export logs/<run> --out my_lora          # the run's newest checkpoint that reads back
 
 The output folder holds ``pytorch_lora_weights.safetensors`` (diffusers' LoRA format), ``model.yaml`` (the run's
 ``actor.model`` block with absolute paths and ``lora_path`` set to this folder, for rlrunner's ``build_model``) and
@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from rlrunner.config.paths import REPO_DIR
 from rlrunner.models import model_class
 from rlrunner.run.checkpoint import ADAPTER_DIRS, MANIFEST, CheckpointError
-from rlrunner.run.resume_point import resolve_resume_dir
+from rlrunner.run.checkpoint_index import checkpoint_at
 
 ALGORITHM_TITLES = {"nft": "DiffusionNFT", "flow_grpo": "FlowGRPO", "awm": "AWM, Advantage Weighted Matching"}
 # families without a diffusers pipeline of their own (the tiny model saves its LoRA in diffusers' format only)
@@ -103,14 +103,13 @@ def diffusers_load_lines(family: type, out_dir: Path) -> list[str]:
 
 
 def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:
-    """Copy ``adapter`` of ``checkpoint`` (a global_step_N dir or a run's log dir) to ``out`` with its card
-    (:func:`card_file`) and ``model.yaml``; the files written are readable by all (0644), others in ``out`` are left
-    as they are. Returns ``out`` as an absolute path."""
+    """Copy ``adapter`` of ``checkpoint`` (a global_step_N dir or a run's log dir, taken by the rules of
+    :mod:`rlrunner.run.checkpoint_index`) to ``out`` with its card (:func:`card_file`) and ``model.yaml``; the files
+    written are readable by all (0644), others in ``out`` are left as they are. Returns ``out`` as an absolute
+    path."""
     if adapter not in ADAPTER_DIRS:
         raise ValueError(f"unknown adapter {adapter!r}; valid: {sorted(ADAPTER_DIRS)}")
-    path = resolve_resume_dir(checkpoint, Path("."), "")
-    if not (path / MANIFEST).is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint ({MANIFEST} is missing)")
+    path = checkpoint_at(checkpoint, f"checkpoint {checkpoint!r}")  # read back: complete, every file opens
     source = path / ADAPTER_DIRS[adapter]
     if not source.is_dir():
         raise CheckpointError(f"{path} has no {ADAPTER_DIRS[adapter]}/ folder")
@@ -136,7 +135,8 @@ def export_adapter(checkpoint: str, out: str, adapter: str = "default") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bin/rlrunner export", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="global_step_N directory, or a run's log dir (newest checkpoint)")
+    parser.add_argument("checkpoint",
+                        help="global_step_N directory, or a run's log dir (its newest checkpoint that reads back)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--adapter", default="default", choices=sorted(ADAPTER_DIRS),
                         help="default: the trained adapter; ema: the EMA (old) policy")

@@ -33,11 +33,10 @@ The API the runner uses:
 
 * :func:`save_checkpoint` -- write, verify, then prune.
 * :func:`load_checkpoint` -- verify and read one checkpoint, checked against the recipe's model settings.
-* :func:`newest_loadable_checkpoint` -- ``(path or None, skipped)``: the newest checkpoint of one run's
-  ``checkpoints/`` folder that reads back, and the newer ones skipped with their reasons (a :class:`Skipped` each);
-  what a run that recovers in place resumes from.
+* :func:`complete_checkpoints` -- one folder's complete checkpoints, oldest first by :func:`save_order`.
 
-Which checkpoint a resume starts from (``runner.resume_dir``, ``auto``): :mod:`rlrunner.run.resume_point`.
+Which checkpoint a resume, an in-run restart or an export takes: :mod:`rlrunner.run.checkpoint_index`; whether the
+resuming recipe allows it: :mod:`rlrunner.run.resume_point`.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ import os
 import pickle
 import re
 import shutil
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -77,14 +75,6 @@ ADAPTER_DIRS = {"default": "adapter", "ema": "adapter_ema"}
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names what is missing or mismatched."""
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A checkpoint passed over because it does not read back, and why (a :class:`CheckpointError`'s text)."""
-
-    path: Path
-    reason: str
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -260,31 +250,6 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
                                   "(cut short by a crash before it reached the disk?)")
         _check_opens(file)
     return manifest
-
-
-def first_loadable(candidates: Iterable[Path]) -> tuple[Path | None, list[Skipped]]:
-    """The first of ``candidates`` (newest first) that :func:`verify_checkpoint` reads back, and those skipped."""
-    skipped = []
-    for ckpt in candidates:
-        try:
-            verify_checkpoint(ckpt)
-        except CheckpointError as err:
-            skipped.append(Skipped(ckpt, str(err)))
-            continue
-        return ckpt, skipped
-    return None, skipped
-
-
-def newest_loadable_checkpoint(root: Path) -> tuple[Path | None, list[Skipped]]:
-    """The newest (last written) checkpoint under ``root`` (one run's ``checkpoints/``) that reads back, or None,
-    and the newer ones skipped, each with its reason."""
-    return first_loadable(reversed(complete_checkpoints(root)))
-
-
-def log_skipped(skipped: Iterable[Skipped]) -> None:
-    """One warning per skipped checkpoint: which, and why."""
-    for skip in skipped:
-        logger.warning("skipping checkpoint %s: %s", skip.path, skip.reason)
 
 
 def _same_setting(key: str, saved: Any, expected: Any) -> bool:

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from rlrunner.config.loader import to_yaml
 from rlrunner.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, write_adapters
+from rlrunner.run.checkpoint_index import saved_recipe
 from rlrunner.run.resume_point import resume_point
 from rlrunner.utils.seeding import rng_state, set_rng_state
 
@@ -77,7 +78,7 @@ class RunCheckpoints:
 
     def check_resumable(self, path: Path, state: dict[str, Any]) -> None:
         """Refuse (one line) a resume that cannot go on as the saved run would have: another LR schedule length
-        (``runner.max_steps`` sets it) or another number of rollout ranks (rollout noise is drawn per rank), unless
+        (``runner.max_steps`` sets it) or another number of rollout groups (:func:`check_rollout_groups`), unless
         ``runner.resume_allow_changes`` accepts the key (or is true)."""
         allow = self.cfg.runner.resume_allow_changes
         allowed = (lambda key: True) if allow is True else (lambda key: key in (allow or []))
@@ -90,9 +91,27 @@ class RunCheckpoints:
                 f"here on; resume with the checkpoint's runner.max_steps (or max_epochs), a constant "
                 f"actor.optim.lr_scheduler, or runner.resume_allow_changes=[runner.max_steps]")
         saved_ranks = state.get("rollout_world_size")
-        if saved_ranks not in (None, self.rollout.world_size) and not allowed("cluster.component_placement"):
-            raise CheckpointError(
-                f"checkpoint {path} was rolled out by {saved_ranks} rollout rank(s), this placement has "
-                f"{self.rollout.world_size}: rollout noise is drawn per rollout rank, so the run would not go on as "
-                f"it would have; place {saved_ranks} rollout rank(s) (cluster.component_placement), or accept "
-                f"another continuation with runner.resume_allow_changes=[cluster.component_placement]")
+        if saved_ranks is not None and not allowed("cluster.component_placement"):
+            saved_cp = saved_recipe(path).get("rollout", {}).get("context_parallel_size", 1)
+            check_rollout_groups(path, (saved_ranks, saved_cp),
+                                 (self.rollout.world_size, self.cfg.rollout.context_parallel_size))
+
+
+def check_rollout_groups(path: Path, saved: tuple[int, int], now: tuple[int, int]) -> None:
+    """Refuse (one line) a resume whose rollout draws other noise: the noise is seeded per rollout group, and
+    ``(ranks, rollout.context_parallel_size)`` (``saved``: the checkpoint's, ``now``: this run's) makes
+    ranks / context_parallel_size groups: as many groups of other sizes go on as the saved run would have."""
+    (saved_ranks, saved_cp), (ranks, cp) = saved, now
+    if saved_ranks // saved_cp == ranks // cp:
+        return
+    unit = "rank" if saved_cp == cp == 1 else "group"  # without context parallelism a rank is a group
+
+    def groups(n: int, k: int) -> str:
+        return "" if unit == "rank" else f" (rollout.context_parallel_size={k}: {n // k} group(s))"
+
+    keys = "cluster.component_placement" + (", rollout.context_parallel_size" if unit == "group" else "")
+    raise CheckpointError(
+        f"checkpoint {path} was rolled out by {saved_ranks} rollout rank(s){groups(saved_ranks, saved_cp)}, this "
+        f"placement has {ranks}{groups(ranks, cp)}: rollout noise is drawn per rollout {unit}, so the run would not "
+        f"go on as it would have; place {saved_ranks // saved_cp} rollout {unit}(s) ({keys}), or accept another "
+        f"continuation with runner.resume_allow_changes=[cluster.component_placement]")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlrunner.cluster import Cluster
-from rlrunner.run.checkpoint import log_skipped, newest_loadable_checkpoint
+from rlrunner.run.checkpoint_index import restart_point
 from rlrunner.run.preemption import PREEMPTED, run_status
 from rlrunner.run.recovery import Restart, RestartPolicy
 from rlrunner.tracking.logger import RunLogger
@@ -81,14 +81,6 @@ def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner,
             continue
         runner.close(run_status(None))
         return
-
-
-def restart_point(log_dir: Path, resume_dir: str) -> str:
-    """Where a restarted run resumes: its own newest checkpoint that reads back (saying which newer ones it skipped
-    and why), else where the run itself started."""
-    own, skipped = newest_loadable_checkpoint(log_dir / "checkpoints")
-    log_skipped(skipped)
-    return str(own) if own is not None else resume_dir
 
 
 def report_restart(restart: Restart, runner: Supervised, seconds: float, log_dir: Path, max_restarts: int) -> None:
