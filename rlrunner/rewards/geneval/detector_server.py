@@ -54,11 +54,10 @@ COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown",
 COLOR_TEMPLATES = ("a photo of a {c} {label}", "a photo of a {c}-colored {label}", "a photo of a {c} object")
 DETECTOR = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco"
 IMAGE_FORMATS = ("PNG", "JPEG")
-#: Requests read, decoded or detected at once (the rest wait up to the timeout, then get 503): bounds memory.
+#: Requests decoded or detected at once, each taking its slot once its body is read (the rest wait up to the
+#: timeout, then get 503): bounds the pixels in memory.
 MAX_ACTIVE = 4
 logger = logging.getLogger("geneval.detector_server")
-
-
 
 
 def _load_limits() -> types.ModuleType:
@@ -74,7 +73,7 @@ def _load_limits() -> types.ModuleType:
 
 limits_module = _load_limits()
 Limits, Deadline, Slots, ConnectionCap = (limits_module.Limits, limits_module.Deadline, limits_module.Slots,
-                                          limits_module.ConnectionCap)  # the names this script's callers use
+                                          limits_module.ConnectionCap)  # Limits: also what callers pass make_server
 #: This server's limits unless given: the reward server's, with fewer images per request (one GPU batch).
 DEFAULT_LIMITS = Limits(max_images=64)
 

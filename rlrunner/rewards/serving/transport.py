@@ -44,7 +44,7 @@ class _LimitedProtocol(RequestHandler):
     closes a connection whose head is still trickling in without an answer, and nothing of its own bounds a body.
 
     Each request has one deadline, from the connection's start or the previous answer, for head and body (the
-    handler reads the body within what is left of it: :func:`_read_json`); a timer at the deadline answers a head
+    handler reads the body within what is left of it: ``server._read_json``); a timer at the deadline answers a head
     still arriving with 408 and closes an idle connection. Connections over the cap get 503 at once. Requests it
     cannot parse (a negative or non-numeric Content-Length, a garbled request line, an oversized header) get the
     JSON error line of every other failure, not aiohttp's plain text."""
@@ -86,6 +86,8 @@ class _LimitedProtocol(RequestHandler):
         """The next request's deadline starts now."""
         if self._timer is not None:
             self._timer.cancel()
+        if not self.admitted:  # closed while its last request was handled: no next one
+            return
         self.deadline, self.phase = Deadline.after(self.limits.timeout_s), "waiting"
         self._timer = asyncio.get_running_loop().call_later(self.limits.timeout_s, self._at_deadline)
 
