@@ -6,7 +6,8 @@
 Recipes use it with ``reward.model: remote`` (``url``) or, for its OCR engine as a chat model, ``vlm_ocr``
 (``base_url: http://HOST:PORT/v1``). Security defaults: it listens on 127.0.0.1; any other address needs
 ``--token-file`` (every request then needs ``Authorization: Bearer <token>``); JSON only, never pickle; limits
-on body bytes, images, pixels per image and per request (413), and on the time a body may take (408). Videos are
+on body bytes, images, pixels per image and per request (413), on the time a request, head and body, may take
+(408), and on open connections (503). Videos are
 sent as frame lists and scored frame by frame, so serve an image reward (``ocr``, not ``video_ocr``). See
 rlrunner/rewards/serving/server.py for the routes.
 """
@@ -48,7 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-request-pixels", type=int, default=limits.max_request_pixels,
                         help="pixels over all images of a request, added up from their headers before any decode")
     parser.add_argument("--timeout", type=float, default=limits.timeout_s,
-                        help="seconds a request body may take to arrive, and an idle connection stays open")
+                        help="seconds a request (head and body) may take to arrive, and an idle connection stays open")
+    parser.add_argument("--max-connections", type=int, default=limits.max_connections,
+                        help="connections open at once; one more is answered 503 with Retry-After")
     parser.add_argument("--served-model-name", default="rlrunner-ocr", help="model name of /v1/chat/completions")
     return parser.parse_args(argv)
 
@@ -100,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.host not in LOOPBACK and not token:
             raise ValueError(f"--host {args.host} accepts connections from other machines: give a --token-file "
                              f"(e.g. `openssl rand -hex 32 > reward.token`), or keep the default 127.0.0.1")
-        if min(args.workers, args.max_batch, args.max_pixels, args.max_request_pixels) < 1 or min(
+        if min(args.workers, args.max_batch, args.max_pixels, args.max_request_pixels, args.max_connections) < 1 or min(
                 args.max_request_mb, args.timeout) <= 0:
-            raise ValueError("--workers, --max-batch, --max-pixels, --max-request-pixels, --max-request-mb and "
-                             "--timeout must be positive")
+            raise ValueError("--workers, --max-batch, --max-pixels, --max-request-pixels, --max-request-mb, "
+                             "--timeout and --max-connections must be positive")
         from rlrunner.rewards import build_reward
 
         reward = build_reward(reward_config(args))
@@ -114,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     from rlrunner.rewards.serving.server import Limits, build_app, serve
 
     limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels, args.max_request_pixels,
-                    args.timeout)
+                    args.timeout, args.max_connections)
     app = build_app(reward, limits, args.workers, token, args.served_model_name)
     print(f"serve_reward: {args.reward} reward on http://{args.host}:{args.port} (token: {'yes' if token else 'no'}, "
           f"workers: {args.workers})", flush=True)
-    serve(app, args.host, args.port, limits.timeout_s)
+    serve(app, args.host, args.port, limits)
     return 0
 
 

@@ -13,12 +13,16 @@ per class, most confident first, each with the colour GenEval's CLIP ViT-L/14 ze
 (``rlrunner.rewards.geneval.scoring``), so this server only sees pixels. Loopback by default; a bearer token
 (``--token-file``, compared in constant time) is required for any other ``--host``.
 
-Requests are held to :class:`Limits` (the reward server's options and answers): an ``application/json`` body (415)
-with a numeric ``Content-Length`` (411 without, 400 malformed, 413 over ``--max-request-mb``), at most
-``--max-batch`` images, ``--max-pixels`` per image and ``--max-request-pixels`` over all, added up from the image
-headers before any pixel is decoded (413), a socket timeout of ``--timeout`` seconds (408 for a late body). Every
-answer is JSON ``{"error": ...}`` with its status, never a dropped connection; 5xx only for the server's own faults:
-500 when ``detect`` raises, 503 when ``MAX_ACTIVE`` other requests stay in progress past ``--timeout``.
+Requests are held to ``Limits`` (``rlrunner/rewards/serving/limits.py``, the reward server's module, options and
+answers): an ``application/json`` body (415) with a numeric ``Content-Length`` (411 without, 400 malformed, 413
+over ``--max-request-mb``), at most ``--max-batch`` images, ``--max-pixels`` per image and
+``--max-request-pixels`` over all, added up from the image headers before any pixel is decoded (413); head and
+body within one deadline of ``--timeout`` seconds from the connection's start, however slowly they trickle (408);
+at most ``--max-connections`` open connections, one thread each (one more gets 503 with ``Retry-After``, without
+a thread). A request takes one of ``MAX_ACTIVE`` slots only once its body is read and its token checked. Every
+answer is JSON ``{"error": ...}`` with its status, never a dropped connection; 5xx only for the server's own
+faults: 500 when ``detect`` raises, 503 when ``MAX_ACTIVE`` other requests stay in progress past ``--timeout``
+or the connections are at their cap.
 """
 
 from __future__ import annotations
@@ -27,15 +31,17 @@ import argparse
 import base64
 import binascii
 import hmac
+import importlib.util
 import io
 import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable
-from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -48,23 +54,28 @@ COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown",
 COLOR_TEMPLATES = ("a photo of a {c} {label}", "a photo of a {c}-colored {label}", "a photo of a {c} object")
 DETECTOR = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco"
 IMAGE_FORMATS = ("PNG", "JPEG")
-#: Requests read, decoded or detected at once (the rest wait up to the timeout, then get 503): bounds memory.
+#: Requests decoded or detected at once, each taking its slot once its body is read (the rest wait up to the
+#: timeout, then get 503): bounds the pixels in memory.
 MAX_ACTIVE = 4
-#: After an error answered before the body was read, how long the rest of the body is read and dropped, so that
-#: closing the socket with unread data (a TCP reset) cannot destroy the answer before the client reads it.
-LINGER_S = 2.0
 logger = logging.getLogger("geneval.detector_server")
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one ``/detect`` request may carry (the reward server's names and defaults; ``max_images`` 64)."""
+def _load_limits() -> types.ModuleType:
+    """``rlrunner/rewards/serving/limits.py`` loaded from its file: this script runs where rlrunner (and its torch)
+    cannot be imported, and the module is standard library only."""
+    name = "rlrunner_serving_limits"
+    if name not in sys.modules:  # registered before it runs: its dataclasses look their module up
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "serving/limits.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
-    max_request_bytes: int = 64 * 2**20
-    max_images: int = 64
-    max_pixels: int = 4096 * 4096
-    max_request_pixels: int = 2**26
-    timeout_s: float = 60.0
+
+limits_module = _load_limits()
+Limits, Deadline, Slots, ConnectionCap = (limits_module.Limits, limits_module.Deadline, limits_module.Slots,
+                                          limits_module.ConnectionCap)  # Limits: also what callers pass make_server
+#: This server's limits unless given: the reward server's, with fewer images per request (one GPU batch).
+DEFAULT_LIMITS = Limits(max_images=64)
 
 
 class Refused(Exception):
@@ -187,17 +198,31 @@ def decode_images(body: Any, limits: Limits) -> list[np.ndarray]:
     return arrays
 
 
-def make_server(detect: Detect, host: str, port: int, token: str = "", limits: Limits = Limits()) -> ThreadingHTTPServer:
+def make_server(detect: Detect, host: str, port: int, token: str = "",
+                limits: Limits = DEFAULT_LIMITS) -> ThreadingHTTPServer:
     """An HTTP server answering ``/health`` and ``/detect`` with ``detect`` (not started)."""
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         raise ValueError(f"--host {host} is reachable from other machines; give a bearer token with --token-file")
     expected = f"Bearer {token}".encode()
-    active = threading.BoundedSemaphore(MAX_ACTIVE)
+    slots = Slots(MAX_ACTIVE)
 
     class Handler(BaseHTTPRequestHandler):
-        timeout = limits.timeout_s  # the socket's: a request head or body slower than this ends the connection
         default_request_version = "HTTP/1.0"  # not 0.9, whose answers have no status line: garbage gets a real 400
         unread = False  # a body is left on the socket (answered before reading it)
+        answered = False
+
+        def setup(self) -> None:
+            super().setup()
+            self.rfile.close()  # the stdlib's reader, replaced by one that holds every read to the deadline
+            self.reader = limits_module.DeadlineReader(self.connection)
+            self.rfile = io.BufferedReader(self.reader)
+
+        def handle_one_request(self) -> None:
+            self.reader.deadline, self.answered = Deadline.after(limits.timeout_s), False
+            super().handle_one_request()  # a head past the deadline ends it without an answer: answered here
+            if self.reader.late and not self.answered and self.reader.received:
+                self.unread = True
+                self._write(limits_module.raw_answer(408, limits_module.late_message(limits)))
 
         def do_GET(self) -> None:
             if not self._authorised():
@@ -212,18 +237,17 @@ def make_server(detect: Detect, host: str, port: int, token: str = "", limits: L
                 return
             if self.path != "/detect":
                 return self._reply(404, {"error": f"no route {self.path}; POST /detect"})
-            if not active.acquire(timeout=limits.timeout_s):
-                return self._reply(503, {"error": f"busy: {MAX_ACTIVE} requests in progress; try again"})
             try:
-                self._detect()
-            finally:
-                active.release()
-
-        def _detect(self) -> None:
-            try:
-                images = decode_images(self._read_json(), limits)
+                body = self._read_json()
+                with slots.held(limits.timeout_s):  # only now: a slow body holds its connection, never a slot
+                    self._detect(body)
             except Refused as err:
-                return self._reply(err.status, {"error": str(err)})
+                self._reply(err.status, {"error": str(err)})
+            except limits_module.Busy as err:
+                self._reply(503, {"error": str(err)})
+
+        def _detect(self, body: Any) -> None:
+            images = decode_images(body, limits)
             try:
                 answer = json.dumps({"detections": detect(images)}).encode()
             except Exception as err:  # the detector failed: a fault of this server, which clients may retry
@@ -247,7 +271,7 @@ def make_server(detect: Detect, host: str, port: int, token: str = "", limits: L
             try:
                 data = self.rfile.read(length)
             except TimeoutError:
-                raise Refused(408, f"the body did not arrive within {limits.timeout_s} s") from None
+                raise Refused(408, limits_module.late_message(limits)) from None
             self.unread = False
             if len(data) < length:
                 raise Refused(400, f"the body ended after {len(data)} of its {length} bytes")
@@ -281,6 +305,11 @@ def make_server(detect: Detect, host: str, port: int, token: str = "", limits: L
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
+            self._write(data)
+
+        def _write(self, data: bytes) -> None:
+            self.answered = True
+            self.connection.settimeout(limits.timeout_s)  # the reads' deadline is spent; each write gets the timeout
             self.wfile.write(data)
 
         def finish(self) -> None:
@@ -291,14 +320,14 @@ def make_server(detect: Detect, host: str, port: int, token: str = "", limits: L
         def log_message(self, *args: object) -> None:
             pass
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return limits_module.CappedThreadingServer((host, port), Handler, ConnectionCap(limits.max_connections))
 
 
 def _linger(connection: socket.socket) -> None:
     """Close our side, then read and drop what the client still sends for up to LINGER_S (a lingering close)."""
     try:
         connection.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + LINGER_S
+        deadline = time.monotonic() + limits_module.LINGER_S
         while (left := deadline - time.monotonic()) > 0:
             connection.settimeout(left)
             if not connection.recv(2**16):
@@ -317,16 +346,22 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--threshold", type=float, default=0.3)
     parser.add_argument("--max-objects", type=int, default=16)
-    parser.add_argument("--max-batch", type=int, default=Limits.max_images, help="images per request")
-    parser.add_argument("--max-request-mb", type=float, default=Limits.max_request_bytes / 2**20)
-    parser.add_argument("--max-pixels", type=int, default=Limits.max_pixels, help="pixels per image")
-    parser.add_argument("--max-request-pixels", type=int, default=Limits.max_request_pixels,
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_LIMITS.max_images, help="images per request")
+    parser.add_argument("--max-request-mb", type=float, default=DEFAULT_LIMITS.max_request_bytes / 2**20)
+    parser.add_argument("--max-pixels", type=int, default=DEFAULT_LIMITS.max_pixels, help="pixels per image")
+    parser.add_argument("--max-request-pixels", type=int, default=DEFAULT_LIMITS.max_request_pixels,
                         help="pixels over all images of a request, added up from their headers before any decode")
-    parser.add_argument("--timeout", type=float, default=Limits.timeout_s, help="socket timeout per connection (s)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_LIMITS.timeout_s,
+                        help="seconds a request (head and body) may take to arrive, and a connection may stay idle")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_LIMITS.max_connections,
+                        help="connections open at once (one thread each); one more is answered 503")
     args = parser.parse_args()
     token = Path(args.token_file).read_text().strip() if args.token_file else ""
-    limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels, args.max_request_pixels,
-                    args.timeout)
+    try:
+        limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels, args.max_request_pixels,
+                        args.timeout, args.max_connections)
+    except ValueError as err:
+        parser.error(str(err))
     detector = Mask2FormerDetector(args.model_path, args.config, args.device, args.threshold, args.max_objects)
     server = make_server(detector, args.host, args.port, token, limits)
     print(f"GenEval detector on http://{args.host}:{args.port} ({args.device})", flush=True)

@@ -8,61 +8,45 @@
 Every route needs ``Authorization: Bearer <token>`` when the server has a token (compared in constant time).
 Bodies are ``application/json`` (415 otherwise: a browser page cannot post a CORS-simple ``text/plain`` body) with a
 ``Content-Length`` (411 without; a malformed one 400); nothing is unpickled. Every failure is answered, never a
-dropped connection, with a JSON ``{"error": "..."}`` line and its status: 400 malformed, 401 token, 408 a body
-slower than ``timeout_s``, 413 over a limit (:class:`Limits`), 415, and 500 only for a fault of the server itself
-(its reward raised), the one answer clients retry. The pixels of a request are added up from the image headers
-before any image is decoded. Scoring runs on ``workers`` threads (OCR engines release the GIL), so the event loop
-keeps answering while images are scored; at most ``2 * workers`` requests hold a body or pixels at once.
+dropped connection, with a JSON ``{"error": "..."}`` line and its status: 400 malformed, 401 token, 408 a request
+(head and body) that missed its deadline, 413 over a limit (:class:`Limits`), 415, 503 a connection over
+``max_connections``, and 500 only for a fault of the server itself (its reward raised), the one answer clients
+retry. The pixels of a request are added up from the image headers before any image is decoded. Scoring runs on
+``workers`` threads (OCR engines release the GIL), so the event loop keeps answering while images are scored; a
+request takes one of ``2 * workers`` slots only once its body is read. The deadline, slots and connection cap are
+``limits.py``'s rules, which the detector server follows too.
 
-Built by ``python -m rlrunner.commands.serve_reward``; aiohttp is imported only here.
+Built by ``python -m rlrunner.commands.serve_reward``; aiohttp is imported only here and in ``transport.py`` (the
+connections: deadline, cap, middlewares).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import json
-import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 from PIL import Image
 
 from ..ocr.reward import OcrReward
 from ..registry import Reward
+from .limits import Deadline, Limits, Slots, late_message
+from .transport import bearer, deadline_phase, json_errors, serve
 from .wire import MalformedMessage, TooLarge, data_url_payload, image_pixels, open_image
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may carry and how long it may take to arrive.
-
-    ``max_request_bytes`` of body (64 MiB), ``max_images`` images (256; video frames count), ``max_pixels`` pixels
-    per image (4096²) and ``max_request_pixels`` over all its images (2**26 = 256 images of 512², 192 MiB decoded);
-    ``timeout_s`` (60) for a body to arrive, and for an idle connection before it is closed.
-    """
-
-    max_request_bytes: int = 64 * 2**20
-    max_images: int = 256
-    max_pixels: int = 4096 * 4096
-    max_request_pixels: int = 2**26
-    timeout_s: float = 60.0
+__all__ = ["Limits", "RewardService", "build_app", "serve"]  # Limits: limits.py's, the options of both servers
 
 
 def build_app(reward: Reward, limits: Limits, workers: int = 1, token: str = "",
               served_model: str = "rlrunner-ocr") -> web.Application:
     """The aiohttp application serving ``reward``; ``token`` empty = no authentication (loopback only)."""
-    app = web.Application(client_max_size=limits.max_request_bytes, middlewares=[_json_errors, _bearer(token)])
+    app = web.Application(client_max_size=limits.max_request_bytes, middlewares=[deadline_phase, json_errors, bearer(token)])
     service = RewardService(reward, limits, workers, served_model)
     app.router.add_get("/health", service.health)
     app.router.add_post("/score", service.score)
@@ -72,82 +56,15 @@ def build_app(reward: Reward, limits: Limits, workers: int = 1, token: str = "",
     return app
 
 
-def serve(app: web.Application, host: str, port: int, timeout_s: float) -> None:
-    """Serve ``app`` on ``host:port`` until interrupted; connections idle for ``timeout_s`` are closed."""
-    asyncio.run(_serve(app, host, port, timeout_s))
-
-
-async def _serve(app: web.Application, host: str, port: int, timeout_s: float) -> None:
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=timeout_s)
-    await runner.setup()
-    loop, server = asyncio.get_running_loop(), runner.server
-    # aiohttp's own protocol, with JSON answers to requests it cannot parse (``_kwargs``: aiohttp is pinned)
-    listener = await loop.create_server(lambda: _JsonErrorProtocol(server, loop=loop, **server._kwargs), host, port)
-    try:
-        await listener.serve_forever()
-    finally:
-        listener.close()
-        await runner.cleanup()
-
-
-class _JsonErrorProtocol(RequestHandler):
-    """aiohttp answers a request it cannot parse (a negative or non-numeric Content-Length, a garbled request line,
-    an oversized header) with plain text; this answers it with the JSON error line of every other failure."""
-
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        if request.writer.output_size > 0:  # as aiohttp: a reply already half sent cannot become another one
-            raise ConnectionError("an answer is sent already, cannot send the error answer")
-        text = (message or "internal server error").split("\n")[0].rstrip(": ")[:200]
-        # one short line, not aiohttp's log of the offending bytes: a client sending 1 MiB of garbage per request
-        # must not write 1 MiB of log per request
-        logger.warning("HTTP %d to %s: %s", status, request.remote, text, exc_info=status >= 500)
-        response = web.json_response({"error": text}, status=status)
-        response.force_close()
-        return response
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure as ``{"error": "<one line>"}`` with its status (aiohttp's 413 included; 500 for a fault here)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as err:
-        if err.status < 400:
-            raise
-        return web.json_response({"error": err.text or err.reason}, status=err.status, headers=_auth_header(err))
-    except Exception as err:  # the served reward raised: a server fault, which clients may retry
-        logger.exception("%s %s failed", request.method, request.path)
-        return web.json_response({"error": f"the server failed: {type(err).__name__}: {err}"[:300]}, status=500)
-
-
-def _auth_header(err: web.HTTPException) -> dict[str, str]:
-    value = err.headers.get("WWW-Authenticate")
-    return {"WWW-Authenticate": value} if value else {}
-
-
-def _bearer(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if token and not hmac.compare_digest(given, expected):  # constant time: no token prefix can be guessed
-            raise web.HTTPUnauthorized(text="missing or wrong bearer token (Authorization: Bearer <token>)",
-                                       headers={"WWW-Authenticate": "Bearer"})
-        return await handler(request)
-
-    return check
-
-
 class RewardService:
     """The route handlers around one reward; CPU work runs on a pool of ``workers`` threads."""
 
     def __init__(self, reward: Reward, limits: Limits, workers: int, served_model: str) -> None:
         self.reward, self.limits, self.served_model = reward, limits, served_model
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
-        # requests past it wait before reading their body: memory stays within 2 * workers requests' limits
-        self.admitted = asyncio.Semaphore(2 * workers)
+        # taken once a body is read: decoded pixels stay within 2 * workers requests' limits (bodies within the
+        # connection cap's)
+        self.slots = Slots(2 * workers)
         self.images_scored = 0  # reported by /health: lets an operator (and the tests) see what was scored
 
     async def close(self, _app: web.Application) -> None:
@@ -159,9 +76,9 @@ class RewardService:
                                   "limits": dataclasses.asdict(self.limits), "images_scored": self.images_scored})
 
     async def score(self, request: web.Request) -> web.Response:
-        async with self.admitted:
-            body = await _read_json(request, self.limits)
-            prompts, images = _score_request(body, self.limits.max_images)
+        body = await _read_json(request, self.limits)
+        prompts, images = _score_request(body, self.limits.max_images)
+        async with self.slots.held_async(None):
             answer = await self._run(self._score, prompts, images)
         self.images_scored += sum(len(e) if isinstance(e, list) else 1 for e in images)
         return web.json_response(answer)
@@ -174,13 +91,13 @@ class RewardService:
         if not isinstance(self.reward, OcrReward):
             raise web.HTTPNotFound(text=f"this server's reward ({self.reward.spec.model}) reads no text; start it "
                                         f"with --reward ocr to serve chat completions")
-        async with self.admitted:
-            body = await _read_json(request, self.limits)
-            images = _chat_images(body)
-            if len(images) > self.limits.max_images:
-                raise web.HTTPRequestEntityTooLarge(self.limits.max_images, len(images),
-                                                    text=f"{len(images)} images is over the limit of "
-                                                         f"{self.limits.max_images} (--max-batch)")
+        body = await _read_json(request, self.limits)
+        images = _chat_images(body)
+        if len(images) > self.limits.max_images:
+            raise web.HTTPRequestEntityTooLarge(self.limits.max_images, len(images),
+                                                text=f"{len(images)} images is over the limit of "
+                                                     f"{self.limits.max_images} (--max-batch)")
+        async with self.slots.held_async(None):
             text = await self._run(self._read_text, images)
         model = body.get("model") if isinstance(body.get("model"), str) else self.served_model
         return web.json_response({
@@ -278,7 +195,8 @@ def _regroup(values: list[Any], images: list[str | list[str]]) -> list[Any]:
 
 
 async def _read_json(request: web.Request, limits: Limits) -> Any:
-    """The request's JSON body, its type and length checked before it is read, and read within ``timeout_s``."""
+    """The request's JSON body, its type and length checked before it is read, and read by the request's deadline
+    (``timeout_s`` from when the server was ready for it, head included; from now under a plain aiohttp runner)."""
     if request.content_type != "application/json":
         raise web.HTTPUnsupportedMediaType(text=f"send Content-Type: application/json, not {request.content_type!r}")
     length = request.content_length
@@ -288,10 +206,11 @@ async def _read_json(request: web.Request, limits: Limits) -> Any:
         raise web.HTTPRequestEntityTooLarge(limits.max_request_bytes, length,
                                             text=f"a body of {length} bytes is over the server's limit of "
                                                  f"{limits.max_request_bytes} (--max-request-mb)")
+    deadline = getattr(request.protocol, "deadline", None) or Deadline.after(limits.timeout_s)
     try:
-        raw = await asyncio.wait_for(request.read(), limits.timeout_s)
+        raw = await asyncio.wait_for(request.read(), deadline.left())
     except asyncio.TimeoutError:
-        raise web.HTTPRequestTimeout(text=f"the body did not arrive within {limits.timeout_s} s") from None
+        raise web.HTTPRequestTimeout(text=late_message(limits)) from None
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
