@@ -39,7 +39,6 @@ from rlrunner.tracking.console import console_copied_to
 SHARED_ALGORITHM_KEYS = ("nft_tau", "nft_decay_type")
 
 
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m rlrunner.commands.train",
