@@ -39,7 +39,8 @@ RECIPE = ["cluster.backend=ray", "cluster.num_devices_per_node=3",
 
 
 def train_rows(log_dir: Path) -> list[dict]:
-    """The training steps logged so far, in the order written (a restarted step appears twice)."""
+    """The training steps logged so far, in the order written (a restart drops the lines of the steps it computes
+    again, docs/metrics.md)."""
     path = log_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return [row for row in rows if "env/avg" in row]
@@ -56,10 +57,10 @@ def kill_and_watch(log_dir: Path, role: str, kill_after: int, found: dict) -> No
     time.sleep(found["step_s"] / 2)
     alive = [a for a in ray._private.state.actors().values()
              if a["State"] == "ALIVE" and a["Name"].startswith(f"rlrunner-{role}-")]
-    logged = len(train_rows(log_dir))
+    logged = train_rows(log_dir)
     os.kill(alive[0]["Pid"], signal.SIGKILL)
     found["killed"] = time.monotonic()
-    while len(train_rows(log_dir)) == logged:
+    while all(row in logged for row in train_rows(log_dir)):  # a new line, not one fewer after the restart
         time.sleep(0.02)
     found["next_step"] = time.monotonic()
 

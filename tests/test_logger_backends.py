@@ -161,3 +161,40 @@ def test_wandb_and_swanlab_mark_a_preempted_run(tmp_path: Path, monkeypatch):
             finishes.append(record.finish.state)
     assert [type(record.finish).DESCRIPTOR.fields_by_name["state"].enum_type.values_by_number[s].name
             for s in finishes] == ["RUN_STATE_ABORTED"]
+
+
+def test_steps_replayed_after_a_restart_reach_wandb_at_growing_steps_and_replace_their_lines(tmp_path, monkeypatch):
+    """Steps 1-3 logged, then a restart goes on from step 2: wandb (which drops a step it has passed) gets every
+    call at a step past the one before, with the training step as ``global_step`` and as its charts' x axis;
+    metrics.jsonl keeps one line per step, the replayed step's, and the restart's own line."""
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -r requirements/loggers.txt)")
+    from wandb.proto import wandb_internal_pb2
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(name, value)
+    run_logger = RunLogger(tmp_path, LoggerConfig(logger_backends=["wandb"], project_name="proj"))
+    for step in (1, 2, 3):
+        run_logger.scalars({"train/loss": float(step)}, step)
+    run_logger.samples("samples/train", IMAGES, PROMPTS, np.array([0.1, 0.9]), step=3)
+    run_logger.replay_from(2)
+    run_logger.scalars({"recovery/restarts": 1.0}, 2)
+    for step in (3, 4):
+        run_logger.scalars({"train/loss": 10.0 * step}, step)
+    run_logger.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "train/loss": 1.0}, {"step": 2, "train/loss": 2.0},
+                     {"step": 2, "recovery/restarts": 1.0}, {"step": 3, "train/loss": 30.0},
+                     {"step": 4, "train/loss": 40.0}]
+    (wandb_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    rows, step_metrics = [], {}
+    for data in _leveldb_records(wandb_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.HasField("history"):
+            items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            rows.append((record.history.step.num, json.loads(items["global_step"]), "train/loss" in items))
+        if record.HasField("metric") and record.metric.step_metric:
+            step_metrics[record.metric.glob_name] = record.metric.step_metric
+    # step 3's row holds its scalars and its image; then the restart's row and the replayed steps, each later
+    assert rows == [(1, 1.0, True), (2, 2.0, True), (3, 3.0, True), (4, 2.0, False), (5, 3.0, True), (6, 4.0, True)]
+    assert step_metrics == {"*": "global_step"}

@@ -16,6 +16,7 @@ from runner_helpers import read_metrics, small_recipe, train_metrics
 
 from rlrunner.cluster import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut, create_cluster
 from rlrunner.run.checkpoint import complete_checkpoints
+from rlrunner.run.preemption import WorkersStopped
 from rlrunner.run.recovery import RestartPolicy, failure_cause
 from rlrunner.run.runner import Runner, run
 from rlrunner.run.supervisor import supervise
@@ -82,7 +83,8 @@ def test_a_failure_that_repeats_at_the_same_step_stops_after_one_restart(tmp_pat
 
 
 def test_a_run_asked_to_stop_does_not_restart_its_lost_workers(tmp_path):
-    """A Ctrl-C that reached the workers too (same process group) loses them: no failure to cure, the run ends."""
+    """A Ctrl-C that reached the workers too (same process group) loses them: no failure to cure, the run ends,
+    preempted, with the lost worker as the cause."""
     cfg = small_recipe(tmp_path, *QUIET)
     log_dir = tmp_path / "logs" / "run"
     log_dir.mkdir(parents=True)
@@ -91,9 +93,11 @@ def test_a_run_asked_to_stop_does_not_restart_its_lost_workers(tmp_path):
         def train_step(self):
             raise _lost("env")
 
-    with create_cluster(cfg.cluster) as cluster, pytest.raises(WorkerLost, match="env worker rank 0"):
+    with create_cluster(cfg.cluster) as cluster, pytest.raises(WorkersStopped, match="^stopped by SIGINT in step 1: "
+                                                                                     "the workers got") as stopped:
         supervise(cluster, cfg, log_dir, lambda resume_dir, logger: LosesItsEnvWorker(
             cfg, log_dir, cluster, resume_dir=resume_dir, run_logger=logger), stop_requested=lambda: "SIGINT")
+    assert isinstance(stopped.value.__cause__, WorkerLost) and "env worker rank 0" in str(stopped.value.__cause__)
     assert not (log_dir / "restarts.jsonl").exists()
 
 
@@ -154,3 +158,46 @@ def test_sigkilled_actor_rollout_and_env_workers_cost_no_steps_and_change_no_bit
     assert [(m["step"], m["recovery/restarts"]) for m in read_metrics(log_dir) if "recovery/restarts" in m] == [
         (1, 1), (2, 2), (3, 3)]
     assert sorted({m["step"] for m in train_metrics(log_dir)}) == [1, 2, 3, 4]
+
+
+def test_replayed_steps_reach_every_tracker_and_metrics_jsonl_keeps_one_line_per_step(tmp_path, monkeypatch):
+    """A worker lost in step 4 (checkpoint at step 2): steps 3 and 4 run again after the restart. The trackers get a
+    logging step that only grows (wandb drops a step it has passed) with the training step as ``global_step``;
+    metrics.jsonl and TensorBoard keep one value per training step, the replayed one."""
+    mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = small_recipe(tmp_path, *QUIET, "runner.save_interval=2", "runner.logger.logger_backends=[tensorboard,mlflow]")
+    log_dir = tmp_path / "logs" / "run"
+    log_dir.mkdir(parents=True)
+    lost: list[int] = []
+
+    class LosesAWorkerInStep4Once(Runner):
+        def train_step(self):
+            if self.step == 3 and not lost:
+                lost.append(self.step)
+                raise _lost("rollout")
+            return super().train_step()
+
+    with create_cluster(cfg.cluster) as cluster:
+        supervise(cluster, cfg, log_dir, lambda resume_dir, logger: LosesAWorkerInStep4Once(
+            cfg, log_dir, cluster, resume_dir=resume_dir, run_logger=logger))
+    records = read_metrics(log_dir)
+    assert [m["step"] for m in train_metrics(log_dir)] == [1, 2, 3, 4]
+    assert [(m["step"], m["recovery/lost_steps"]) for m in records if "recovery/restarts" in m] == [(2, 1)]
+    assert [m["step"] for m in records] == sorted(m["step"] for m in records)  # the lost step 3 left the file
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"file:{log_dir / 'mlruns'}")
+    (tracked,) = client.search_runs([client.get_experiment_by_name("rlrunner").experiment_id])
+
+    def history(key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in sorted(client.get_metric_history(tracked.info.run_id, key),
+                                                  key=lambda m: m.timestamp)]
+
+    # logging steps 1-3, then past them: the restart's metrics at 4, the replayed steps 3 and 4 at 5 and 6
+    assert [step for step, _ in history("env/avg")] == [1, 2, 3, 5, 6]
+    assert history("recovery/restarts") == [(4, 1.0)]
+    assert sorted(history("global_step")) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 2.0), (5, 3.0), (6, 4.0)]
+    events = EventAccumulator(str(log_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("env/avg")] == [1, 2, 3, 4]

@@ -6,8 +6,9 @@ to ``console.log`` from inside (the terminal keeps the progress bar, the log get
 one line and exit with status 2; a worker that raised, died or hung ends the run with status 1 and a last line
 naming its component and rank (a node that lacks rlrunner or a recipe folder is a user error: status 2, one line
 naming the node and the fix), once ``runner.max_restarts`` restarts on new workers did not help. SIGTERM or SIGINT
-(``runner.save_on_signal``) stops the run after its current step with a checkpoint: status 4; a second signal
-stops it at once: status 130.
+(``runner.save_on_signal``) stops the run after its current step with a checkpoint: status 4 (also when the workers
+got the signal too and the step in flight died with them); a second signal stops it at once: status 130. Every
+status and last line comes from :mod:`rlrunner.run.outcome`.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, to_yaml, with_lo
 from rlrunner.models import MODEL_FAMILIES, model_class
 from rlrunner.objectives import OBJECTIVES
 from rlrunner.recipe import load_recipe
+from rlrunner.run.outcome import (  # noqa: F401 (the exit statuses, named where the launcher's callers look)
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_REWARD_UNAVAILABLE,
+    EXIT_USER_ERROR,
+    EXIT_WORKER_FAILED,
+    run_outcome,
+)
 from rlrunner.tracking.console import console_copied_to
 
 # algorithm.<name>_* keys belong to algorithm <name>, except the EMA schedule, which every algorithm uses
 SHARED_ALGORITHM_KEYS = ("nft_tau", "nft_decay_type")
-
-EXIT_USER_ERROR = 2
-EXIT_WORKER_FAILED = 1
-EXIT_REWARD_UNAVAILABLE = 3
-EXIT_PREEMPTED = 4  # stopped by SIGTERM/SIGINT at a step boundary, with a checkpoint: relaunch with resume_dir=auto
-EXIT_INTERRUPTED = 130  # a second signal (or save_on_signal: false): stopped at once
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -113,37 +116,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(cfg: DictConfig, log_dir: Path) -> int:
-    """Run the recipe; user errors and failed workers end in one line and an exit status."""
-    from rlrunner.cluster import NodeSetupError, PlacementError, WorkerError
-    from rlrunner.rewards import RewardUnavailable
-    from rlrunner.run.checkpoint import CheckpointError
-    from rlrunner.run.preemption import Preempted
+    """Run the recipe; how it ended (:func:`~rlrunner.run.outcome.run_outcome`) is one line and an exit status."""
     from rlrunner.run.runner import run
 
     try:
         run(cfg, log_dir)
-    except (RecipeError, CheckpointError, PlacementError, NodeSetupError) as err:
-        print(f"rlrunner: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except RewardUnavailable as err:  # no sample could be scored for runner.max_reward_error_steps steps
-        print(f"rlrunner: error: {err}", file=sys.stderr)
-        return EXIT_REWARD_UNAVAILABLE
-    except WorkerError as err:
-        if RewardUnavailable.__name__ in err.what:  # a required reward service is down at start: one line says it
-            print(f"rlrunner: error: {err.summary}", file=sys.stderr)
-            return EXIT_REWARD_UNAVAILABLE
-        if err.detail:  # the worker's own traceback, or Ray's account of how its process ended
-            print(err.detail.rstrip(), file=sys.stderr)
-        print(f"rlrunner: error: {err.summary}; all workers stopped (runner.resume_dir=auto resumes from the "
-              "last complete checkpoint)", file=sys.stderr)
-        return EXIT_WORKER_FAILED
-    except Preempted as err:
-        print(f"rlrunner: {err}", file=sys.stderr)
-        return EXIT_PREEMPTED
-    except KeyboardInterrupt:
-        print("rlrunner: interrupted; workers stopped (last complete checkpoint is kept)", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0
+    except BaseException as error:
+        outcome = run_outcome(error)
+        if not outcome.message:  # the driver's own bug: its traceback
+            raise
+        if outcome.detail:
+            print(outcome.detail, file=sys.stderr)
+        print(outcome.message, file=sys.stderr)
+        return outcome.exit_code
+    return run_outcome(None).exit_code
 
 
 if __name__ == "__main__":

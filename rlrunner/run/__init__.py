@@ -1,8 +1,9 @@
 """A run and its lifecycle: the training loop (``runner.py``, the single controller), what outlives a lost worker
 (``supervisor.py``, with the pure restart bookkeeping of ``recovery.py``), preemption on a signal
-(``preemption.py``), checkpoints on disk (``checkpoint.py``), which checkpoint a resume, a restart or an export takes
-(``checkpoint_index.py``), whether the resuming recipe allows it (``resume_point.py``) and what the driver saves
-beside the actor's state (``run_checkpoints.py``), and the checks of the run's keys (``checks.py``).
+(``preemption.py``), how a run ended (``outcome.py``: the trackers' status, the exit status and its last line),
+checkpoints on disk (``checkpoint.py``), which checkpoint a resume, a restart or an export takes
+(``checkpoint_index.py``), whether the resuming recipe allows it (``resume_point.py``), what the driver saves
+beside the actor's state (``run_checkpoints.py``) and the checks of the run's keys (``checks.py``).
 
 May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.data, rlrunner.models,
 rlrunner.objectives, rlrunner.rewards, rlrunner.step, rlrunner.tracking, rlrunner.utils, rlrunner.workers

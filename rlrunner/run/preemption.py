@@ -4,7 +4,9 @@ checkpoint; a second signal stops it at once.
 Schedulers give a job a grace period between SIGTERM and SIGKILL (Slurm ``--signal``, Kubernetes
 ``terminationGracePeriodSeconds``): the first signal only sets a flag, which the runner reads between steps; there
 it saves and raises :class:`Preempted`, and the launcher exits with its own status (README "Preemption and
-recovery"). A second signal raises ``KeyboardInterrupt`` wherever the driver is.
+recovery"). A second signal raises ``KeyboardInterrupt`` wherever the driver is. When the signal reached the workers
+too, the step in flight fails with them: the supervisor ends the run with :class:`WorkersStopped`
+(:func:`rlrunner.run.outcome.ending_error`), also a preemption.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from types import FrameType, TracebackType
 from typing_extensions import Self
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# how a run ended, as the trackers record it (RunLogger.close)
+# how a run ended, as the trackers record it (RunLogger.close); rlrunner.run.outcome decides which
 FINISHED, FAILED, PREEMPTED = "finished", "failed", "preempted"
+RELAUNCH = "relaunch the same command with runner.resume_dir=auto to go on"
 
 
 class Preempted(Exception):
@@ -29,16 +32,25 @@ class Preempted(Exception):
     def __init__(self, signal_name: str, step: int, checkpoint: Path | None) -> None:
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
         saved = f"checkpoint saved to {checkpoint}" if checkpoint else "its last checkpoint holds it"
-        super().__init__(f"stopped by {signal_name} after step {step} ({saved}); relaunch the same command with "
-                         "runner.resume_dir=auto to go on")
+        super().__init__(f"stopped by {signal_name} after step {step} ({saved}); {RELAUNCH}")
 
 
-def run_status(error: BaseException | None) -> str:
-    """How a run that ended with ``error`` (None: it did not) is recorded: finished, preempted (a signal stopped
-    it, saved or not) or failed."""
-    if error is None:
-        return FINISHED
-    return PREEMPTED if isinstance(error, (Preempted, KeyboardInterrupt)) else FAILED
+class WorkersStopped(Preempted):
+    """The stop signal reached the workers too (Slurm's GraceTime, ``scancel`` without ``-b``, a process group's
+    Ctrl-C): the step in flight died with them, ``worker`` says how, and nothing could be saved. ``step`` steps had
+    finished (None: the workers died while starting); the newest complete checkpoint holds ``saved_step`` (-1: none
+    yet), and the finished steps after it are lost (:attr:`lost_steps`)."""
+
+    def __init__(self, signal_name: str, step: int | None, saved_step: int, worker: str) -> None:
+        self.signal_name, self.step, self.checkpoint, self.worker = signal_name, step, None, worker
+        self.saved_step, self.lost_steps = saved_step, 0 if step is None else step - max(saved_step, 0)
+        if step is None:  # nothing trained yet by these workers: the checkpoint they were to resume stands
+            where, kept = "while the workers started", "nothing was trained since the checkpoint it started from"
+        else:
+            held = f"the newest complete checkpoint holds step {saved_step}" if saved_step >= 0 else "no checkpoint yet"
+            where, kept = f"in step {step + 1}", f"{held}, {self.lost_steps} finished step(s) lost"
+        Exception.__init__(self, f"stopped by {signal_name} {where}: the workers got the signal too ({worker}); "
+                                 f"{kept}; {RELAUNCH}")
 
 
 class StopSignals:

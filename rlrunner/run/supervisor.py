@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from rlrunner.cluster import Cluster
 from rlrunner.run.checkpoint_index import restart_point
-from rlrunner.run.preemption import PREEMPTED, run_status
+from rlrunner.run.outcome import ending_error, run_outcome
 from rlrunner.run.recovery import Restart, RestartPolicy
 from rlrunner.tracking.logger import RunLogger
 
@@ -30,6 +30,7 @@ class Supervised(Protocol):
     """What the supervisor asks of a runner (:class:`rlrunner.run.runner.Runner`)."""
 
     step: int
+    saved_step: int  # the newest complete checkpoint's step (this run's, or the one it resumed); -1: none
     run_logger: RunLogger
 
     def fit(self) -> None: ...
@@ -47,7 +48,8 @@ def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner,
               stop_requested: Callable[[], str] = lambda: "") -> None:
     """Train to the end, restarting on new workers after each curable failure (but not once a signal asked the run
     to stop: ``stop_requested``, the signal's name); always close the trackers with the run's status (finished,
-    preempted, failed) and let the error that ended the run propagate."""
+    preempted, failed: :func:`~rlrunner.run.outcome.run_outcome`) and let the error that ended the run propagate:
+    a worker failure after a stop signal as :class:`~rlrunner.run.preemption.WorkersStopped`, caused by it."""
     policy = RestartPolicy(cfg.runner.max_restarts)
     resume_dir, run_logger, restart, failed_at = cfg.runner.resume_dir, None, None, 0.0
     while True:
@@ -61,13 +63,17 @@ def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner,
         except BaseException as error:
             failed_at = time.monotonic()
             step = runner.step + 1 if runner is not None else (restart.step_failed_at if restart else 1)
-            stopping = stop_requested()  # a Ctrl-C that reached the workers too is no failure to cure
+            stopping = stop_requested()  # a signal that reached the workers too is no failure to cure
             restart = None if stopping else policy.admit(error, step)
             if restart is None:
                 if policy.refusal:
                     print(f"rlrunner: {policy.refusal}", file=sys.stderr)
-                _close(runner, run_logger, PREEMPTED if stopping else run_status(error))
-                raise
+                steps = (runner.step, runner.saved_step) if runner is not None else (None, -1)
+                ending = ending_error(error, stopping, *steps)
+                _close(runner, run_logger, run_outcome(ending).status)
+                if ending is error:
+                    raise
+                raise ending from error
             restart.lost_steps = runner.step if runner is not None else 0  # less the resumed step, once known
             try:
                 cluster.stop_workers()  # first: a driver thread waiting on a dead worker's peers returns now
@@ -75,11 +81,11 @@ def supervise(cluster: Cluster, cfg: Any, log_dir: Path, start: StartRunner,
                     runner.abandon()
                 cluster.rejoin(cfg.cluster.rejoin_timeout_s)
             except BaseException as rejoin_error:  # the cluster did not come back: the run ends here
-                _close(None, run_logger, run_status(rejoin_error))
+                _close(None, run_logger, run_outcome(rejoin_error).status)
                 raise
             resume_dir = restart_point(log_dir, cfg.runner.resume_dir)
             continue
-        runner.close(run_status(None))
+        runner.close(run_outcome(None).status)
         return
 
 
@@ -88,6 +94,7 @@ def report_restart(restart: Restart, runner: Supervised, seconds: float, log_dir
     restart.step_resumed_from, restart.seconds = runner.step, round(seconds, 3)
     restart.lost_steps = max(restart.lost_steps - runner.step, 0)
     print(restart.line(max_restarts), file=sys.stderr)
+    runner.run_logger.replay_from(runner.step)  # the steps after it are computed again: logged once, never dropped
     runner.run_logger.scalars({"recovery/restarts": restart.number, "recovery/lost_steps": restart.lost_steps,
                                "recovery/seconds": restart.seconds}, runner.step)
     with open(log_dir / RESTARTS_FILE, "a") as file:

@@ -43,6 +43,10 @@ def _import(name: str) -> ModuleType:
         raise ImportError(install_hint(name)) from err
 
 
+# the training step, logged beside every tracker's scalars: their own step only grows (RunLogger), this one is
+# the step the run trained, also when a restart computes steps again
+GLOBAL_STEP = "global_step"
+
 # how each tracker spells the run's end (wandb: an exit code, and mark_preempting for preempted)
 SWANLAB_STATES = {"finished": "success", "failed": "crashed", "preempted": "aborted"}
 MLFLOW_STATES = {"finished": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
@@ -63,6 +67,9 @@ class WandbTracker:
         self.wandb = _import("wandb")
         # the mode (online, offline, disabled) is wandb's own WANDB_MODE; dir keeps offline runs in the log folder
         self.run = self.wandb.init(project=project, name=name, dir=str(log_dir), config=config)
+        # charts plot against the training step; step_sync gives images logged after a step's scalars its value
+        self.run.define_metric(GLOBAL_STEP)
+        self.run.define_metric("*", step_metric=GLOBAL_STEP, step_sync=True)
 
     def scalars(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from rlrunner.tracking.backends import TRACKERS, open_trackers
+from rlrunner.tracking.backends import GLOBAL_STEP, TRACKERS, open_trackers
+
+METRICS_FILE = "metrics.jsonl"
 
 
 class StepTimer:
@@ -75,6 +78,11 @@ def sample_grid(images: np.ndarray, prompts: list[str], rewards: np.ndarray, tit
     return np.asarray(grid)
 
 
+def _replayed(record: dict, step: int) -> bool:
+    """Whether a run that goes on from training step ``step`` logs ``record`` (a metrics.jsonl line) again."""
+    return record["step"] > step or record["step"] == step == 0 and not any(k.startswith("recovery/") for k in record)
+
+
 # runner.logger.logger_backends: metrics.jsonl and samples/ are always written; these are the optional ones
 LOGGER_BACKENDS = ("tensorboard", *TRACKERS)
 
@@ -82,6 +90,11 @@ LOGGER_BACKENDS = ("tensorboard", *TRACKERS)
 class RunLogger:
     """Writes scalars to TensorBoard, the trackers and ``metrics.jsonl``; images to them and ``samples/``; videos
     to TensorBoard.
+
+    Steps: ``metrics.jsonl``, TensorBoard and the sample files keep the training step. The trackers get a logging
+    step that never goes back (wandb drops what is logged at a step it has passed): the training step, until an
+    in-run restart replays steps (:meth:`replay_from`); from there on, one past the highest they were given, while
+    the training step travels as the metric ``global_step`` (wandb's x axis).
 
     ``cfg`` is the recipe's ``runner.logger`` (:class:`~rlrunner.config.schema.LoggerConfig`): its
     ``logger_backends``, and the ``project_name``/``experiment_name`` of the run in the trackers (wandb, swanlab,
@@ -92,13 +105,43 @@ class RunLogger:
         self.log_dir = Path(log_dir)
         self.writer = None
         if "tensorboard" in cfg.logger_backends:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.log_dir / "tensorboard"))
+            self.writer = self._open_tensorboard()
         self.trackers = open_trackers(list(cfg.logger_backends), self.log_dir, cfg.project_name,
                                       cfg.experiment_name or self.log_dir.name, config or {})
-        self.jsonl = open(self.log_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
+        self.jsonl = self._open_jsonl()
         (self.log_dir / "samples").mkdir(exist_ok=True)
+        self.tracker_offset, self.tracker_step = 0, -1  # logging step = training step + offset; the highest given
+
+    def _open_tensorboard(self, purge_step: int | None = None) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.log_dir / "tensorboard"), purge_step=purge_step)
+
+    def _open_jsonl(self) -> TextIO:
+        return open(self.log_dir / METRICS_FILE, "a", buffering=1)  # closed in close() and replay_from()
+
+    def _to_tracker_step(self, step: int) -> int:
+        self.tracker_step = max(self.tracker_step, step + self.tracker_offset)
+        return step + self.tracker_offset
+
+    def replay_from(self, step: int) -> None:
+        """A restarted run goes on from training step ``step``: the records it will compute again (the steps after
+        ``step``, lost with the workers; at step 0 also step 0's eval, ``runner.val_before_train``) leave
+        ``metrics.jsonl``, so each step keeps one line of each kind, the replayed one; the restarts' own
+        ``recovery/*`` records stay. TensorBoard hides its events after ``step`` (a writer opened with
+        ``purge_step``), so it too shows the replayed values. The trackers' logging step goes on past the highest
+        they were given."""
+        self.jsonl.close()
+        path = self.log_dir / METRICS_FILE
+        kept = [line for line in path.read_text().splitlines(keepends=True) if not _replayed(json.loads(line), step)]
+        partial = path.with_name(f"{METRICS_FILE}.tmp")
+        partial.write_text("".join(kept))
+        os.replace(partial, path)  # a crash here leaves the old file or the new one, never half of one
+        self.jsonl = self._open_jsonl()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = self._open_tensorboard(purge_step=step + 1)
+        self.tracker_offset = self.tracker_step + 1 - step
 
     def scalars(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items()}
@@ -108,8 +151,9 @@ class RunLogger:
         if self.writer is not None:
             for name, value in clean.items():
                 self.writer.add_scalar(name, value, step)
+        tracker_step = self._to_tracker_step(step)
         for tracker in self.trackers:
-            tracker.scalars(clean, step)
+            tracker.scalars({**clean, GLOBAL_STEP: float(step)}, tracker_step)
 
     def samples(self, tag: str, images: np.ndarray, prompts: list[str], rewards: np.ndarray, step: int,
                 texts: list[str] | None = None) -> Path:
@@ -122,8 +166,9 @@ class RunLogger:
         if self.writer is not None:
             self.writer.add_image(tag, grid, step, dataformats="HWC")
             self.writer.add_text(f"{tag}/prompts", "\n\n".join(prompts), step)
+        tracker_step = self._to_tracker_step(step)
         for tracker in self.trackers:
-            tracker.image(tag, grid, " | ".join(prompts), step)
+            tracker.image(tag, grid, " | ".join(prompts), tracker_step)
         return path
 
     def videos(self, tag: str, videos: np.ndarray, step: int, fps: int, out_dir: Path | None = None) -> None:
