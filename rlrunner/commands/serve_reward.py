@@ -30,9 +30,8 @@ EXIT_USER_ERROR = 2
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from rlrunner.rewards.serving.server import Limits
+    from rlrunner.rewards.serving.limits import Limits, add_limit_options
 
-    limits = Limits()
     parser = argparse.ArgumentParser(prog="python -m rlrunner.commands.serve_reward", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--reward", default="ocr", help="a registered reward.model that scores images")
@@ -43,15 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--token-file", default="", help="file holding the bearer token every request must send")
     parser.add_argument("--workers", type=int, default=1, help="scoring threads, each with its own OCR engine")
-    parser.add_argument("--max-batch", type=int, default=limits.max_images, help="images (frames) per request")
-    parser.add_argument("--max-request-mb", type=float, default=limits.max_request_bytes / 2**20)
-    parser.add_argument("--max-pixels", type=int, default=limits.max_pixels, help="pixels per image")
-    parser.add_argument("--max-request-pixels", type=int, default=limits.max_request_pixels,
-                        help="pixels over all images of a request, added up from their headers before any decode")
-    parser.add_argument("--timeout", type=float, default=limits.timeout_s,
-                        help="seconds a request (head and body) may take to arrive, and an idle connection stays open")
-    parser.add_argument("--max-connections", type=int, default=limits.max_connections,
-                        help="connections open at once; one more is answered 503 with Retry-After")
+    add_limit_options(parser, Limits())
     parser.add_argument("--served-model-name", default="rlrunner-ocr", help="model name of /v1/chat/completions")
     return parser.parse_args(argv)
 
@@ -103,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.host not in LOOPBACK and not token:
             raise ValueError(f"--host {args.host} accepts connections from other machines: give a --token-file "
                              f"(e.g. `openssl rand -hex 32 > reward.token`), or keep the default 127.0.0.1")
-        if min(args.workers, args.max_batch, args.max_pixels, args.max_request_pixels, args.max_connections) < 1 or min(
-                args.max_request_mb, args.timeout) <= 0:
-            raise ValueError("--workers, --max-batch, --max-pixels, --max-request-pixels, --max-request-mb, "
-                             "--timeout and --max-connections must be positive")
+        if args.workers < 1:
+            raise ValueError(f"--workers {args.workers} must be positive")
+        from rlrunner.rewards.serving.limits import limits_from_options
+
+        limits = limits_from_options(args)
         from rlrunner.rewards import build_reward
 
         reward = build_reward(reward_config(args))
@@ -114,10 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError, OSError) as err:
         print(f"serve_reward: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    from rlrunner.rewards.serving.server import Limits, build_app, serve
+    from rlrunner.rewards.serving.server import build_app, serve
 
-    limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels, args.max_request_pixels,
-                    args.timeout, args.max_connections)
     app = build_app(reward, limits, args.workers, token, args.served_model_name)
     print(f"serve_reward: {args.reward} reward on http://{args.host}:{args.port} (token: {'yes' if token else 'no'}, "
           f"workers: {args.workers})", flush=True)

@@ -89,3 +89,21 @@ def test_a_task_waits_for_a_slot_only_as_long_as_it_is_told():
 def test_every_limit_must_be_positive(field):
     with pytest.raises(ValueError, match=f"limit {field} is 0; it must be positive"):
         Limits(**{field: 0})
+
+
+@pytest.mark.parametrize("option, value", [("--max-batch", "0"), ("--max-request-mb", "0"), ("--max-pixels", "-1"),
+                                           ("--max-request-pixels", "0"), ("--timeout", "0"),
+                                           ("--max-connections", "0")])
+def test_both_servers_options_give_their_limits_and_name_a_bad_one(option, value):
+    import argparse
+
+    from rlrunner.rewards.serving.limits import Limits, add_limit_options, limits_from_options
+
+    parser = argparse.ArgumentParser()
+    add_limit_options(parser, Limits(max_images=64))
+    assert limits_from_options(parser.parse_args([])) == Limits(max_images=64)
+    assert limits_from_options(parser.parse_args(["--max-request-mb", "2", "--timeout", "5"])) == \
+        Limits(max_request_bytes=2 * 2**20, max_images=64, timeout_s=5.0)
+    shown = float(value) if option in ("--max-request-mb", "--timeout") else int(value)
+    with pytest.raises(ValueError, match=f"^{option} {shown} must be positive$"):
+        limits_from_options(parser.parse_args([option, value]))

@@ -346,20 +346,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--threshold", type=float, default=0.3)
     parser.add_argument("--max-objects", type=int, default=16)
-    parser.add_argument("--max-batch", type=int, default=DEFAULT_LIMITS.max_images, help="images per request")
-    parser.add_argument("--max-request-mb", type=float, default=DEFAULT_LIMITS.max_request_bytes / 2**20)
-    parser.add_argument("--max-pixels", type=int, default=DEFAULT_LIMITS.max_pixels, help="pixels per image")
-    parser.add_argument("--max-request-pixels", type=int, default=DEFAULT_LIMITS.max_request_pixels,
-                        help="pixels over all images of a request, added up from their headers before any decode")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_LIMITS.timeout_s,
-                        help="seconds a request (head and body) may take to arrive, and a connection may stay idle")
-    parser.add_argument("--max-connections", type=int, default=DEFAULT_LIMITS.max_connections,
-                        help="connections open at once (one thread each); one more is answered 503")
+    limits_module.add_limit_options(parser, DEFAULT_LIMITS)
     args = parser.parse_args()
     token = Path(args.token_file).read_text().strip() if args.token_file else ""
     try:
-        limits = Limits(int(args.max_request_mb * 2**20), args.max_batch, args.max_pixels, args.max_request_pixels,
-                        args.timeout, args.max_connections)
+        limits = limits_module.limits_from_options(args)
     except ValueError as err:
         parser.error(str(err))
     detector = Mask2FormerDetector(args.model_path, args.config, args.device, args.threshold, args.max_objects)

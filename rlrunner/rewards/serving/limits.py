@@ -22,6 +22,7 @@ The rules, the same on both servers:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import socket
@@ -63,6 +64,39 @@ class Limits:
         for name, value in self.__dict__.items():
             if not value > 0:
                 raise ValueError(f"limit {name} is {value!r}; it must be positive")
+
+
+#: the command-line option of each limit, the same on both servers
+OPTIONS = {"max_images": "--max-batch", "max_request_bytes": "--max-request-mb", "max_pixels": "--max-pixels",
+           "max_request_pixels": "--max-request-pixels", "timeout_s": "--timeout",
+           "max_connections": "--max-connections"}
+
+
+def add_limit_options(parser: argparse.ArgumentParser, defaults: Limits) -> None:
+    """Every limit as an option of a server's command line (:data:`OPTIONS`), ``defaults`` shown."""
+    parser.add_argument("--max-batch", type=int, default=defaults.max_images, help="images (video frames) per request")
+    parser.add_argument("--max-request-mb", type=float, default=defaults.max_request_bytes / 2**20,
+                        help="MiB of body per request")
+    parser.add_argument("--max-pixels", type=int, default=defaults.max_pixels, help="pixels per image")
+    parser.add_argument("--max-request-pixels", type=int, default=defaults.max_request_pixels,
+                        help="pixels over all images of a request, added up from their headers before any decode")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s,
+                        help="seconds a request (head and body) may take to arrive, and an idle connection stays open")
+    parser.add_argument("--max-connections", type=int, default=defaults.max_connections,
+                        help="connections open at once; one more is answered 503 with Retry-After, without a thread")
+
+
+def limits_from_options(args: argparse.Namespace) -> Limits:
+    """The limits that the options of :func:`add_limit_options` set; a ValueError names an option that is not
+    positive."""
+    given = {"max_images": args.max_batch, "max_request_bytes": int(args.max_request_mb * 2**20),
+             "max_pixels": args.max_pixels, "max_request_pixels": args.max_request_pixels, "timeout_s": args.timeout,
+             "max_connections": args.max_connections}
+    for name, option in OPTIONS.items():
+        if not given[name] > 0:
+            shown = args.max_request_mb if name == "max_request_bytes" else given[name]
+            raise ValueError(f"{option} {shown} must be positive")
+    return Limits(**given)
 
 
 @dataclass(frozen=True)
