@@ -4,5 +4,7 @@ Data flows one way, and a package imports only from the packages its docstring n
 recipe (``config``) → placement (``cluster``) → workers (``workers``, over ``models``, ``objectives``, ``rewards``,
 ``data``) → the run (``run``, moving what ``step`` defines) → pure math (``algorithms``) → reports (``tracking``).
 ``commands`` holds what a user runs; ``sizing`` answers "will it fit?"; ``utils`` serves every layer. docs/layout.md
-lists every module, generated from these docstrings (``bin/rlrunner python scripts/layout.py --write``).
+lists every module, generated from these docstrings (``bin/rlrunner python scripts/layout.py --write``). Other
+packages add model families and rewards through the entry point groups ``rlrunner.model_families`` and
+``rlrunner.rewards`` (README "Models").
 """

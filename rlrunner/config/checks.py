@@ -277,15 +277,28 @@ def table_key(dotted: str, families: Iterable[str]) -> str:
 
 
 def family_sections(cfg: DictConfig) -> list[str]:
-    """The model family sections of ``actor.model`` (each a FamilyConfig)."""
+    """The model family sections of ``actor.model`` (each of its family's settings type, a FamilyConfig)."""
     return [key for key in cfg.actor.model if _is_section(cfg.actor.model._get_node(key))]
+
+
+#: a key that a family's settings type adds to the shared ones (a plugin's, rlrunner/models/settings.py)
+FAMILY_OWN_KEY = Free("a family's own setting: the type its settings dataclass declares is the check")
+
+
+def key_check(dotted: str, families: Iterable[str]) -> Check:
+    """The check of leaf ``dotted``: its ``KEY_CHECKS`` entry, or :data:`FAMILY_OWN_KEY` for a key that only a
+    family's own settings type declares (whose author, not this table, knows its range)."""
+    key = table_key(dotted, families)
+    if key not in KEY_CHECKS and key.startswith("actor.model.<family>."):
+        return FAMILY_OWN_KEY
+    return KEY_CHECKS[key]
 
 
 def problems(cfg: DictConfig, ctx: Context) -> Iterator[str]:
     """One line per bad key: the key, its value and what is allowed."""
     families = family_sections(cfg)
     for dotted, value in leaves(cfg):
-        check = KEY_CHECKS[table_key(dotted, families)]
+        check = key_check(dotted, families)
         plain = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
         if (why := check.problem(plain, ctx)) is not None:
             yield f"{dotted}={plain!r} {why}"
