@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from rlrunner.config.check_kinds import Check, Context
+from rlrunner.config.check_kinds import Check, Context, Free
 
 
 def _is_section(node: Any) -> bool:
@@ -44,15 +44,28 @@ def table_key(dotted: str, families: Iterable[str]) -> str:
 
 
 def family_sections(cfg: DictConfig) -> list[str]:
-    """The model family sections of ``actor.model`` (each a FamilyConfig)."""
+    """The model family sections of ``actor.model`` (each of its family's settings type, a FamilyConfig)."""
     return [key for key in cfg.actor.model if _is_section(cfg.actor.model._get_node(key))]
+
+
+#: a key that a family's settings type adds to the shared ones (a plugin's, rlrunner/models/settings.py)
+FAMILY_OWN_KEY = Free("a family's own setting: the type its settings dataclass declares is the check")
+
+
+def key_check(dotted: str, families: Iterable[str], key_checks: Mapping[str, Check]) -> Check:
+    """The check of leaf ``dotted`` in ``key_checks``, or :data:`FAMILY_OWN_KEY` for a key that only a family's own
+    settings type declares (whose author, not the table, knows its range)."""
+    key = table_key(dotted, families)
+    if key not in key_checks and key.startswith("actor.model.<family>."):
+        return FAMILY_OWN_KEY
+    return key_checks[key]
 
 
 def problems(cfg: DictConfig, ctx: Context, key_checks: Mapping[str, Check]) -> Iterator[str]:
     """One line per bad key: the key, its value and what is allowed (``key_checks``: every component's table)."""
     families = family_sections(cfg)
     for dotted, value in leaves(cfg):
-        check = key_checks[table_key(dotted, families)]
+        check = key_check(dotted, families, key_checks)
         plain = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
         if (why := check.problem(plain, ctx)) is not None:
             yield f"{dotted}={plain!r} {why}"

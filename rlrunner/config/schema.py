@@ -2,13 +2,17 @@
 
 Key names follow RLinf's diffusion recipes (``cluster``, ``runner``, ``algorithm``, ``env``, ``actor``) so
 that users can carry their recipes over. The schema is merged in OmegaConf struct mode, so a key that is not
-declared here is an error (see :mod:`rlrunner.config.loader` for the messages).
+declared here is an error (see :mod:`rlrunner.config.loader` for the messages). The model families' sections
+(``actor.model.<model_type>``) are the types the families declare, so importing this module imports the families.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
+
+from rlrunner.models.families import family_settings
+from rlrunner.models.settings import FamilyConfig  # also re-exported: what each family's section extends
 
 # --------------------------------------------------------------------------------------------- cluster
 
@@ -245,94 +249,27 @@ class EnvConfig:
 
 
 @dataclass
-class FamilyConfig:
-    """Settings of one model family (``actor.model.<model_type>``)."""
+class ModelKeys:
+    """The keys of ``actor.model`` besides the family sections."""
 
-    resolution: Any = 512  # int (square) or [height, width]
-    num_frames: int = 1  # video families: 4k + 1; 1 = image
-    num_steps: int = 10
-    eval_num_steps: int = 40
-    # how guidance reaches the denoiser: cfg (two passes, combined by the family's rule) | embedded (guidance is a
-    # model input, one pass: FLUX.1-dev) | none (guidance-distilled: FLUX.1-schnell, Z-Image-Turbo; guidance_scale
-    # must be 1) | auto (the family's default for the loaded model); the family lists the kinds it supports
-    guidance: str = "auto"
-    guidance_scale: float = 1.0
-    eval_guidance_scale: float = 1.0
-    # two-expert models (Wan2.2 A14B): the low-noise expert's scales (null: the same as guidance_scale /
-    # eval_guidance_scale, as diffusers' WanPipeline); guidance is on only when the high-noise scale is > 1
-    guidance_scale_2: Any = None
-    eval_guidance_scale_2: Any = None
-    # two-expert models: which experts get LoRA adapters and train: both | high (transformer, sigma >= boundary)
-    # | low (transformer_2); an expert without adapters samples as the base model
-    train_experts: str = "both"
-    negative_prompt: str = ""
-    train_sampler: str = "dpm2"  # euler | dpm2
-    eval_sampler: str = "euler"
-    # sampling schedule: null = the one the family's pipeline computes from the model folder's scheduler config
-    # (static shift, or shifted by the image's token count: FLUX, Qwen-Image); a number = the plain shifted grid
-    # shift*s / (1 + (shift - 1)*s) on linspace(1, 0, num_steps + 1), whatever the folder says
-    shift: Any = None
-    max_sequence_length: int = 256
-    condition_mode: str = "t2v"
-    use_lora: bool = True
-    lora_rank: int = 32
-    lora_alpha: int = 64
-    lora_path: str = ""
-    gradient_checkpointing: bool = False
-    # free text encoders after prompts are encoded and move the VAE to host memory between decodes
-    offload_text_encoder: bool = False
-    offload_vae: bool = False
-    # zimage's guidance options, as ZImagePipeline's: no guidance on steps whose 1 - sigma exceeds cfg_truncation
-    # (1.0 = guide every step); cfg_normalization > 0 scales each guided velocity down to at most that multiple of
-    # the conditional one's norm (0 = off; the pipeline's cfg_normalization=True is 1.0)
-    cfg_truncation: float = 1.0
-    cfg_normalization: float = 0.0
-    # decode large frames in overlapping spatial tiles (Wan's VAE decodes frame by frame, so its memory follows
-    # H x W; tiling bounds it), and one video of a decode batch at a time
-    vae_tiling: bool = False
-    vae_slicing: bool = False
-
-
-@dataclass
-class ModelConfig:
     model_path: str = ""
     model_type: str = "tiny"
     precision: str = "bf16"  # bf16 | fp16 | fp32
     # true: bf16 / fp16 stay as asked on a CPU device too (slow; shows dtype mistakes without a GPU), else fp32
     half_precision_on_cpu: bool = False
     device: str = "auto"  # auto | cpu | cuda | npu
-    tiny: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(
-            resolution=[32, 96], num_steps=10, eval_num_steps=10, train_sampler="euler", shift=1.0,
-            lora_rank=16, lora_alpha=16, max_sequence_length=8,
-        )
-    )
-    sd3: FamilyConfig = field(default_factory=lambda: FamilyConfig(resolution=512, max_sequence_length=256))
-    wan22_ti2v_5b: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=[704, 1280], max_sequence_length=512)
-    )
-    wan21_t2v: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=[480, 832], num_frames=81, max_sequence_length=512)
-    )
-    wan22_t2v_a14b: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=[480, 832], num_frames=81, max_sequence_length=512)
-    )
-    qwen_image: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=512, lora_rank=64, lora_alpha=128, max_sequence_length=512)
-    )
-    # Z-Image / Z-Image-Turbo (ZImagePipeline): 1024^2 and 512 text tokens as the pipeline; LoRA r32 as DiffSynth-Studio
-    zimage: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=1024, lora_rank=32, lora_alpha=64, max_sequence_length=512)
-    )
-    # FLUX.2-klein 4B / 9B (Flux2KleinPipeline): 1024^2 and 512 text tokens as the pipeline
-    flux2_klein: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=1024, lora_rank=32, lora_alpha=64, max_sequence_length=512)
-    )
-    # FLUX.1-dev as flow_grpo trains it: 512 px, embedded guidance 3.5, LoRA 64/128, T5 512 tokens (the pipeline's)
-    flux1: FamilyConfig = field(
-        default_factory=lambda: FamilyConfig(resolution=512, guidance_scale=3.5, eval_guidance_scale=3.5,
-                                             lora_rank=64, lora_alpha=128, max_sequence_length=512)
-    )
+
+
+#: ``actor.model``: :class:`ModelKeys` and one section per model family, ``actor.model.<model_type>``, holding the
+#: settings type the family declares (``FlowModel.settings_type``; rlrunner/models/settings.py), in-tree families and
+#: plugins alike (rlrunner/models/families.py), so that adding a family needs no edit here. A section is declared a
+#: FamilyConfig, so that any FamilyConfig may be assigned to it (as tests and tools do); its keys are its default's.
+ModelConfig = make_dataclass(
+    "ModelConfig",
+    [(name, FamilyConfig, field(default_factory=settings)) for name, settings in family_settings().items()],
+    bases=(ModelKeys,),
+    namespace={"__module__": __name__},
+)
 
 
 @dataclass

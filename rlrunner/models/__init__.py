@@ -1,8 +1,9 @@
 """Model families behind the :class:`~rlrunner.models.base.FlowModel` interface.
 
-Families are imported lazily (SD3, Wan and Qwen-Image pull in large parts of transformers/diffusers).
-To add one: write ``models/<family>.py`` with a ``FlowModel`` subclass that has a classmethod
-``load(model_path, family_cfg, *, device, dtype)`` and list it in ``MODEL_FAMILIES``.
+Which families exist is :mod:`rlrunner.models.families`: the in-tree ones, listed there, and those other packages
+declare as entry points of group ``rlrunner.model_families`` (README "Models"). A family is a ``FlowModel`` subclass
+with a classmethod ``load(model_path, family_cfg, *, device, dtype)`` and a ``settings_type``, the dataclass of its
+recipe section ``actor.model.<model_type>`` (:mod:`rlrunner.models.settings`).
 
 May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.sizing, rlrunner.utils
 """
@@ -12,26 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlrunner.models.base import FlowModel
+from rlrunner.models.families import BROKEN_FAMILIES, MODEL_FAMILIES, family_settings, model_class
 from rlrunner.models.loading import read_model_index
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER
 from rlrunner.utils.device import resolve_device, resolve_dtype
-from rlrunner.utils.registry import lazy_class
-
-MODEL_FAMILIES: dict[str, str] = {
-    "tiny": "rlrunner.models.tiny:TinyFlowModel",
-    "sd3": "rlrunner.models.sd3:SD3FlowModel",
-    "wan22_ti2v_5b": "rlrunner.models.wan:WanFlowModel",
-    "wan21_t2v": "rlrunner.models.wan:Wan21FlowModel",
-    "wan22_t2v_a14b": "rlrunner.models.wan_a14b:WanA14BFlowModel",
-    "qwen_image": "rlrunner.models.qwen_image:QwenImageFlowModel",
-    "zimage": "rlrunner.models.zimage:ZImageFlowModel",
-    "flux2_klein": "rlrunner.models.flux2_klein:Flux2KleinFlowModel",
-    "flux1": "rlrunner.models.flux1:Flux1FlowModel",
-}
-
-
-def model_class(model_type: str) -> type[FlowModel]:
-    return lazy_class(MODEL_FAMILIES, model_type, "actor.model.model_type")
 
 
 def detect_model_type(model_path: str) -> str:
@@ -63,5 +48,5 @@ def build_model(model_cfg: Any, denoiser_only: bool = False) -> FlowModel:
                                                   denoiser_only=denoiser_only)
 
 
-__all__ = ["ADAPTERS", "EMA_ADAPTER", "MODEL_FAMILIES", "TRAINED_ADAPTER", "FlowModel", "build_model",
-           "detect_model_type", "model_class"]
+__all__ = ["ADAPTERS", "BROKEN_FAMILIES", "EMA_ADAPTER", "MODEL_FAMILIES", "TRAINED_ADAPTER", "FlowModel",
+           "build_model", "detect_model_type", "family_settings", "model_class"]

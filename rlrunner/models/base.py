@@ -24,6 +24,7 @@ from rlrunner.models.loading import load_family_pipeline
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters, saved_config, write_lora
 from rlrunner.models.placement import ComponentPlacement
 from rlrunner.models.schedules import pipeline_sigmas
+from rlrunner.models.settings import FamilyConfig
 
 Cond = dict[str, torch.Tensor]
 #: how guidance reaches a denoiser (``actor.model.<family>.guidance``; ``auto``: the family's default):
@@ -68,6 +69,9 @@ class FlowModel(ComponentPlacement, abc.ABC):
     #: the family settings (``FamilyConfig`` keys) that only some families read and this one does: a dry run shows
     #: a family's section without the others' own settings
     own_settings: tuple[str, ...] = ()
+    #: the dataclass of this family's recipe section ``actor.model.<model_type>`` (its defaults, and any keys of its
+    #: own): a subclass of FamilyConfig, which the recipe schema gives the section (rlrunner/models/settings.py)
+    settings_type: type[FamilyConfig] = FamilyConfig
     #: the pipeline's text encoder attributes this family encodes prompts with (those the folder has)
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
 

@@ -101,11 +101,16 @@ def check_model_sequence(cfg: DictConfig, ctx: Context) -> None:
 
 def resolve_model_type(cfg: DictConfig, base_dir: Path) -> None:
     """``actor.model.model_type: auto`` becomes the family that knows the local folder's ``model_index.json``
-    (:func:`rlrunner.models.detect_model_type`); relative paths are taken from ``base_dir``."""
+    (:func:`rlrunner.models.detect_model_type`); relative paths are taken from ``base_dir``. A model type whose
+    plugin failed to load is refused here, naming the entry point, before the key checks would call it unknown."""
+    from rlrunner.models import detect_model_type
+    from rlrunner.models.families import plugin_failure
+
     model = cfg.actor.model
+    if (why := plugin_failure(model.model_type)) is not None:
+        _fail(why)
     if model.model_type != "auto":
         return
-    from rlrunner.models import detect_model_type
 
     path = base_dir / Path(model.model_path).expanduser() if model.model_path else Path()
     try:

@@ -18,6 +18,7 @@ Mirrors ``diffusers.FluxPipeline``:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.qwen_image import pack_latents, unpack_latents
 from rlrunner.models.schedules import token_shift_kwargs
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
 #: the joint-attention projections of both streams (double blocks; ``attn.to_q/k/v`` also match the single blocks'
@@ -41,6 +43,18 @@ FLUX1_LORA_TARGETS = (
 )
 
 
+@dataclass
+class Flux1Settings(FamilyConfig):
+    """``actor.model.flux1``: FLUX.1-dev as flow_grpo trains it: 512 px, embedded guidance 3.5, LoRA 64/128, T5 512
+    tokens (the pipeline's)."""
+
+    guidance_scale: float = 3.5
+    eval_guidance_scale: float = 3.5
+    lora_rank: int = 64
+    lora_alpha: int = 128
+    max_sequence_length: int = 512
+
+
 class Flux1FlowModel(FlowModel):
     """FLUX.1 behind :class:`~rlrunner.models.base.FlowModel`.
 
@@ -49,6 +63,7 @@ class Flux1FlowModel(FlowModel):
     """
 
     model_type = "flux1"
+    settings_type = Flux1Settings
     pipeline_class_name = "FluxPipeline"
     lora_loader_class_name = "FluxLoraLoaderMixin"
     text_encoder_names = ("text_encoder", "text_encoder_2")

@@ -18,6 +18,7 @@ Mirrors ``diffusers.Flux2KleinPipeline``:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from torch import nn
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
 #: both streams' attention projections of the double blocks, and the fused qkv + MLP input and the output
@@ -64,6 +66,14 @@ def batch_norm_stats(vae: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, std
 
 
+@dataclass
+class Flux2KleinSettings(FamilyConfig):
+    """``actor.model.flux2_klein`` (FLUX.2-klein 4B / 9B): 1024^2 and 512 text tokens as Flux2KleinPipeline."""
+
+    resolution: Any = 1024
+    max_sequence_length: int = 512
+
+
 class Flux2KleinFlowModel(FlowModel):
     """FLUX.2-klein behind :class:`~rlrunner.models.base.FlowModel`.
 
@@ -72,6 +82,7 @@ class Flux2KleinFlowModel(FlowModel):
     """
 
     model_type = "flux2_klein"
+    settings_type = Flux2KleinSettings
     pipeline_class_name = "Flux2KleinPipeline"
     lora_loader_class_name = "Flux2LoraLoaderMixin"
     vae_class_name = "AutoencoderKLFlux2"

@@ -15,6 +15,7 @@ Mirrors ``diffusers.QwenImagePipeline``:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.ragged_text import concat_padded
 from rlrunner.models.schedules import token_shift_kwargs
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
 
@@ -50,6 +52,15 @@ def pad_text(embeds: torch.Tensor, mask: torch.Tensor, multiple: int) -> tuple[t
     return F.pad(embeds, (0, 0, 0, pad)), F.pad(mask, (0, pad))
 
 
+@dataclass
+class QwenImageSettings(FamilyConfig):
+    """``actor.model.qwen_image``: 512 px, LoRA 64/128 and 512 text tokens."""
+
+    lora_rank: int = 64
+    lora_alpha: int = 128
+    max_sequence_length: int = 512
+
+
 class QwenImageFlowModel(FlowModel):
     """Qwen-Image behind :class:`~rlrunner.models.base.FlowModel`.
 
@@ -58,6 +69,7 @@ class QwenImageFlowModel(FlowModel):
     """
 
     model_type = "qwen_image"
+    settings_type = QwenImageSettings
     pipeline_class_name = "QwenImagePipeline"
     lora_loader_class_name = "QwenImageLoraLoaderMixin"
     vae_class_name = "AutoencoderKLQwenImage"

@@ -17,6 +17,7 @@ from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
 CLIP_TOKENS = 77  # the SD3 pipeline's CLIP tokenizer length when it has no tokenizer to ask
@@ -30,6 +31,7 @@ class SD3FlowModel(FlowModel):
     """
 
     model_type = "sd3"
+    settings_type = FamilyConfig  # 512 px and 256 T5 tokens: the shared defaults
     pipeline_class_name = "StableDiffusion3Pipeline"
     lora_loader_class_name = "SD3LoraLoaderMixin"
     text_encoder_names = ("text_encoder", "text_encoder_2", "text_encoder_3")

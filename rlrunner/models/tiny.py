@@ -17,12 +17,14 @@ the shared samplers and LoRA checkpoints.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 from rlrunner.models.tiny_text import load_tiny_components, target_text, tiny_velocity
 
@@ -37,6 +39,20 @@ def _resolution(value: Any) -> tuple[int, int]:
     return values[0], values[1]
 
 
+@dataclass
+class TinySettings(FamilyConfig):
+    """``actor.model.tiny``: the shipped 32x96 model, 10 Euler steps on the plain grid, LoRA 16/16, 8 characters."""
+
+    resolution: Any = field(default_factory=lambda: [32, 96])
+    num_steps: int = 10
+    eval_num_steps: int = 10
+    train_sampler: str = "euler"
+    shift: Any = 1.0
+    lora_rank: int = 16
+    lora_alpha: int = 16
+    max_sequence_length: int = 8
+
+
 class TinyFlowModel(FlowModel):
     """The tiny family behind :class:`FlowModel` (see the module docstring).
 
@@ -46,6 +62,7 @@ class TinyFlowModel(FlowModel):
     """
 
     model_type = "tiny"
+    settings_type = TinySettings
     pipeline_class_name = "StableDiffusionPipeline"
     lora_loader_class_name = "StableDiffusionLoraLoaderMixin"
     lora_component = "unet"

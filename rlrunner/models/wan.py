@@ -20,6 +20,7 @@ Mirrors ``diffusers.WanPipeline`` for text-to-video (``condition_mode: t2v``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
 CONDITION_MODES = ("t2v",)
@@ -58,6 +60,23 @@ def latent_num_frames(num_frames: int, temporal_factor: int = 4) -> int:
     return 1 + (num_frames - 1) // temporal_factor
 
 
+@dataclass
+class WanSettings(FamilyConfig):
+    """``actor.model.wan22_ti2v_5b``: 704x1280 and 512 text tokens, as WanPipeline."""
+
+    resolution: Any = field(default_factory=lambda: [704, 1280])
+    max_sequence_length: int = 512
+
+
+@dataclass
+class Wan21Settings(FamilyConfig):
+    """``actor.model.wan21_t2v`` and ``wan22_t2v_a14b``: 480x832, 81 frames and 512 text tokens, as WanPipeline."""
+
+    resolution: Any = field(default_factory=lambda: [480, 832])
+    num_frames: int = 81
+    max_sequence_length: int = 512
+
+
 class WanFlowModel(FlowModel):
     """Wan2.2 TI2V-5B behind :class:`~rlrunner.models.base.FlowModel` (and the base of the other Wan layouts).
 
@@ -66,6 +85,7 @@ class WanFlowModel(FlowModel):
     """
 
     model_type = "wan22_ti2v_5b"
+    settings_type = WanSettings
     own_settings = ("condition_mode", "vae_tiling", "vae_slicing")
     pipeline_class_name = "WanPipeline"
     lora_loader_class_name = "WanLoraLoaderMixin"
@@ -188,3 +208,4 @@ class Wan21FlowModel(WanFlowModel):
     ``expand_timesteps`` (one timestep per sample, read from the folder). Latents ``[B, 16, F', H/8, W/8]``."""
 
     model_type = "wan21_t2v"
+    settings_type = Wan21Settings

@@ -32,7 +32,7 @@ from torch import nn
 from rlrunner.algorithms.samplers import VelocityFn
 from rlrunner.models.base import Cond
 from rlrunner.models.lora import ADAPTERS, TRAINED_ADAPTER, saved_config, write_lora
-from rlrunner.models.wan import LAYOUTS, WanFlowModel
+from rlrunner.models.wan import LAYOUTS, Wan21Settings, WanFlowModel
 
 #: ``actor.model.wan22_t2v_a14b.train_experts`` -> the experts that get LoRA adapters (and train)
 TRAIN_EXPERTS = {"both": ("transformer", "transformer_2"), "high": ("transformer",), "low": ("transformer_2",)}
@@ -123,6 +123,7 @@ class WanA14BFlowModel(WanFlowModel):
     LoRA keys start with ``transformer.`` or ``transformer_2.``."""
 
     model_type = "wan22_t2v_a14b"
+    settings_type = Wan21Settings
     own_settings = (*WanFlowModel.own_settings, "train_experts", "guidance_scale_2", "eval_guidance_scale_2")
     expert_components = ("transformer", "transformer_2")
     lora_load_calls = ({}, {"weight_name": LORA_FILES["transformer_2"], "load_into_transformer_2": True})

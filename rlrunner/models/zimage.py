@@ -22,6 +22,7 @@ Mirrors ``diffusers.ZImagePipeline``:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.ragged_text import concat_padded, stack_ragged, unstack_ragged
 from rlrunner.models.schedules import token_shift_mu
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
 #: attention and SwiGLU projections of every block (refiners and main layers): DiffSynth-Studio's Z-Image LoRA
@@ -43,6 +45,15 @@ ZIMAGE_LORA_TARGETS = (
 )
 
 
+@dataclass
+class ZImageSettings(FamilyConfig):
+    """``actor.model.zimage`` (Z-Image / Z-Image-Turbo): 1024^2 and 512 text tokens as ZImagePipeline; LoRA r32 as
+    DiffSynth-Studio (the shared default)."""
+
+    resolution: Any = 1024
+    max_sequence_length: int = 512
+
+
 class ZImageFlowModel(FlowModel):
     """Z-Image behind :class:`~rlrunner.models.base.FlowModel`.
 
@@ -51,6 +62,7 @@ class ZImageFlowModel(FlowModel):
     """
 
     model_type = "zimage"
+    settings_type = ZImageSettings
     own_settings = ("cfg_truncation", "cfg_normalization")
     pipeline_class_name = "ZImagePipeline"
     lora_loader_class_name = "ZImageLoraLoaderMixin"

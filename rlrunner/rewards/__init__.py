@@ -11,7 +11,9 @@ Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibil
 (a reward server, ``python -m rlrunner.commands.serve_reward``; ``rewards/serving``), ``vlm_ocr`` (``rewards/ocr``), the VLM
 judges ``unifiedreward``, ``unifiedreward2``, ``vlm_yesno`` (``rewards/judges``) and ``geneval``
 (``rewards/geneval``, a detector server) (``reward.model``); types ``single`` and ``multi``
-(``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``).
+(``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``). They register
+when this package imports their modules; rewards of other packages (entry points of group ``rlrunner.rewards``,
+README "Models") register after them (:func:`~rlrunner.rewards.registry.load_reward_plugins`).
 
 May import: rlrunner.config, rlrunner.sizing, rlrunner.utils
 """
@@ -33,9 +35,20 @@ from .ocr import (
     register_engine,
 )
 from .output import RewardOutput
-from .registry import REWARD_TYPES, REWARDS, Reward, RewardUnavailable, build_reward, register_reward, reward_config
+from .registry import (
+    REWARD_TYPES,
+    REWARDS,
+    Reward,
+    RewardUnavailable,
+    build_reward,
+    load_reward_plugins,
+    register_reward,
+    reward_config,
+)
 from .scorer import AsyncRewardScorer
 from .serving import RemoteReward
+
+load_reward_plugins()  # after the in-tree rewards: a plugin cannot take their names
 
 __all__ = [
     "ENGINES",

@@ -7,6 +7,9 @@
 Rewards read :class:`rlrunner.config.schema.RewardConfig` (``self.spec``), whatever they were built from: a
 recipe's DictConfig, a mapping (tests, ``serve_reward --set``) or a ``RewardConfig``. Missing keys take the
 schema's defaults, so a reward has no defaults of its own.
+
+The in-tree rewards register with :func:`register_reward` when ``rlrunner.rewards`` imports their modules; other
+packages add rewards through entry points of group ``rlrunner.rewards`` (:func:`load_reward_plugins`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlrunner.config.schema import RewardConfig
+from rlrunner.utils.plugins import load_entry_points
 
 from .output import RewardOutput
 
@@ -187,11 +192,38 @@ def register_reward_type(name: str) -> Callable[[RewardBuilder], RewardBuilder]:
     return wrap
 
 
+REWARD_GROUP = "rlrunner.rewards"
+#: entry point name -> the one line printed when that reward plugin failed to load
+BROKEN_REWARDS: dict[str, str] = {}
+
+
+def _run_registration(name: str, target: Any) -> None:
+    """An entry point's module registered its rewards on import; a callable registers them when called."""
+    if isinstance(target, types.ModuleType):
+        return
+    if not callable(target):
+        raise TypeError(f"expected a module or a callable that registers rewards, got {target!r}")
+    target()
+
+
+def load_reward_plugins() -> None:
+    """Load the rewards other packages declare, in their pyproject.toml:
+
+        [project.entry-points."rlrunner.rewards"]
+        my_rewards = "my_package.rewards"               # a module whose import runs @register_reward("...")
+        more = "my_package.rewards:register_all"        # or a callable that registers them, called once
+
+    One that fails to import (or registers a name already taken) is one line on stderr (group, name, value,
+    error) and is named when a recipe asks for a reward nobody registered; the other rewards are unaffected."""
+    BROKEN_REWARDS.update(load_entry_points(REWARD_GROUP, _run_registration)[1])
+
+
 @register_reward_type("single")
 def build_single(cfg: RewardConfig) -> Reward:
     """``type: single``: the reward registered as ``cfg.model``."""
     if cfg.model not in REWARDS:
-        raise ValueError(f"Unknown reward.model {cfg.model!r}; valid names: {sorted(REWARDS)}")
+        failed = f"; reward plugins that failed to load: {', '.join(BROKEN_REWARDS.values())}" if BROKEN_REWARDS else ""
+        raise ValueError(f"Unknown reward.model {cfg.model!r}; valid names: {sorted(REWARDS)}{failed}")
     return REWARDS[cfg.model](cfg)
 
 
