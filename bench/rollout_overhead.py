@@ -61,7 +61,7 @@ def build(family: str, model_path: str | None, args: argparse.Namespace, workdir
     """Load ``family`` from ``model_path`` (or a freshly written tiny pipeline) with the bench settings."""
     from omegaconf import OmegaConf
 
-    from rlrunner.config.schema import ModelConfig
+    from rlrunner.recipe import ModelConfig
 
     family_cfg = OmegaConf.structured(ModelConfig())[family]
     if model_path is None:

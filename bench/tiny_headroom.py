@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlrunner.algorithms.samplers import training_timesteps
-from rlrunner.config.schema import FamilyConfig
 from rlrunner.data.prompts import load_prompts
 from rlrunner.models import TRAINED_ADAPTER
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.rewards import build_reward
 

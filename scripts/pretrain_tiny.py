@@ -244,7 +244,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     """
     from omegaconf import OmegaConf
 
-    from rlrunner.config.schema import FamilyConfig
+    from rlrunner.models.settings import FamilyConfig
     from rlrunner.models.tiny import TinyFlowModel
     from rlrunner.rewards import build_reward
 

@@ -21,7 +21,6 @@ from rlrunner.config.compose import compose
 from rlrunner.config.errors import RecipeError  # also imported from here by callers (it lived here before)
 from rlrunner.config.paths import resolve_paths
 from rlrunner.config.rlinf import translate
-from rlrunner.config.schema import RecipeConfig
 
 logger = logging.getLogger("rlrunner")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "diffusion" / "config"
@@ -103,16 +102,17 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
 
 
 def merge_recipe(name: str, overrides: list[str] | None = None, config_dir: Path = CONFIG_DIR, *,
-                 check_datasets: bool = True) -> DictConfig:
-    """Merge recipe ``name`` and ``overrides`` onto the schema and resolve interpolations, not yet checked:
-    :func:`rlrunner.recipe.load_recipe` checks it (each component its keys) and makes it read-only.
+                 schema_type: type, check_datasets: bool = True) -> DictConfig:
+    """Merge recipe ``name`` and ``overrides`` onto the schema ``schema_type`` (a structured config dataclass:
+    :data:`rlrunner.recipe.RecipeConfig`, which holds the model families' sections) and resolve interpolations, not
+    yet checked: :func:`rlrunner.recipe.load_recipe` checks it (each component its keys) and makes it read-only.
 
     ``check_datasets=False`` accepts a recipe whose prompt files are absent (for tools that read no prompts).
     Returns a struct-mode :class:`DictConfig` whose local paths are absolute (:mod:`rlrunner.config.paths`);
     raises :class:`RecipeError` on any user error.
     """
     path = recipe_path(name, config_dir)
-    schema = OmegaConf.structured(RecipeConfig)
+    schema = OmegaConf.structured(schema_type)
     families = family_sections(schema)
     recipe, ignored = translate(compose(path), schema, families, source=str(path))
     override_layer, ignored_too = translate(parse_overrides(overrides or []), schema, families, under=recipe,

@@ -3,16 +3,14 @@
 Key names follow RLinf's diffusion recipes (``cluster``, ``runner``, ``algorithm``, ``env``, ``actor``) so
 that users can carry their recipes over. The schema is merged in OmegaConf struct mode, so a key that is not
 declared here is an error (see :mod:`rlrunner.config.loader` for the messages). The model families' sections
-(``actor.model.<model_type>``) are the types the families declare, so importing this module imports the families.
+(``actor.model.<model_type>``) are the types the families declare (rlrunner/models/settings.py); they are added to
+this schema by :mod:`rlrunner.recipe`, so that this module imports no family and adding one needs no edit here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-from rlrunner.models.families import family_settings
-from rlrunner.models.settings import FamilyConfig  # also re-exported: what each family's section extends
 
 # --------------------------------------------------------------------------------------------- cluster
 
@@ -250,7 +248,7 @@ class EnvConfig:
 
 @dataclass
 class ModelKeys:
-    """The keys of ``actor.model`` besides the family sections."""
+    """The keys of ``actor.model`` besides the family sections (:data:`rlrunner.recipe.ModelConfig` adds those)."""
 
     model_path: str = ""
     model_type: str = "tiny"
@@ -258,18 +256,6 @@ class ModelKeys:
     # true: bf16 / fp16 stay as asked on a CPU device too (slow; shows dtype mistakes without a GPU), else fp32
     half_precision_on_cpu: bool = False
     device: str = "auto"  # auto | cpu | cuda | npu
-
-
-#: ``actor.model``: :class:`ModelKeys` and one section per model family, ``actor.model.<model_type>``, holding the
-#: settings type the family declares (``FlowModel.settings_type``; rlrunner/models/settings.py), in-tree families and
-#: plugins alike (rlrunner/models/families.py), so that adding a family needs no edit here. A section is declared a
-#: FamilyConfig, so that any FamilyConfig may be assigned to it (as tests and tools do); its keys are its default's.
-ModelConfig = make_dataclass(
-    "ModelConfig",
-    [(name, FamilyConfig, field(default_factory=settings)) for name, settings in family_settings().items()],
-    bases=(ModelKeys,),
-    namespace={"__module__": __name__},
-)
 
 
 @dataclass
@@ -305,7 +291,7 @@ class ActorConfig:
     # the actor workers hold only what they train (denoiser + LoRA adapters + optimizer state): text encoders and
     # VAE are freed when they start, since no actor feature needs them (they train on the rollout's latents and
     # its text conditioning, sent once per prompt); the rollout workers keep them
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelKeys = field(default_factory=ModelKeys)  # and the family sections (rlrunner.recipe.ActorConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
@@ -318,6 +304,8 @@ class RolloutConfig:
 
 @dataclass
 class RecipeConfig:
+    """Every section of a recipe; :data:`rlrunner.recipe.RecipeConfig` is this with the model family sections."""
+
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)

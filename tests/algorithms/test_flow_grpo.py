@@ -16,8 +16,9 @@ from rlrunner.algorithms.flow_grpo import choose_steps, grpo_loss, sde_sample, s
 from rlrunner.algorithms.samplers import sample_flow, sigma_schedule
 from rlrunner.cluster.parallelize import Engine
 from rlrunner.config.errors import RecipeError
-from rlrunner.config.schema import AlgorithmConfig, FamilyConfig
+from rlrunner.config.schema import AlgorithmConfig
 from rlrunner.models import TRAINED_ADAPTER
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import write_random_tiny
 from rlrunner.objectives import MicroBatch, build_objective

@@ -11,8 +11,7 @@ from omegaconf import OmegaConf
 from rlrunner.config.checks import family_sections, leaves, table_key
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.loader import RecipeError as ReexportedRecipeError
-from rlrunner.config.schema import RecipeConfig
-from rlrunner.recipe import KEY_CHECKS, KEY_TABLES
+from rlrunner.recipe import KEY_CHECKS, KEY_TABLES, RecipeConfig
 from tests.config.test_loader import load, write_recipe
 
 

@@ -12,8 +12,7 @@ from rlrunner.cluster.shipping import NodeSetupError
 from rlrunner.config.check_kinds import InPathTable
 from rlrunner.config.checks import leaves
 from rlrunner.config.paths import PATH_KEYS, path_key
-from rlrunner.config.schema import RecipeConfig
-from rlrunner.recipe import KEY_CHECKS
+from rlrunner.recipe import KEY_CHECKS, RecipeConfig
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker

@@ -291,7 +291,7 @@ def tiny_family_cfg(model_type: str, **overrides: Any):
     """``actor.model.<model_type>`` for the tiny pipelines: LoRA 4/8, 2 steps, plus ``overrides``."""
     from omegaconf import OmegaConf
 
-    from rlrunner.config.schema import FamilyConfig
+    from rlrunner.models.settings import FamilyConfig
 
     settings = {"lora_rank": 4, "lora_alpha": 8, "num_steps": 2, "eval_num_steps": 2,
                 **TINY_FAMILY_SETTINGS[model_type], **overrides}
@@ -339,7 +339,7 @@ def tiny_model_cfg(tiny_dirs) -> Callable[[str], Any]:
     """``tiny_model_cfg(model_type)``: ``actor.model`` (fp32, CPU) on the family's tiny folder, as workers take it."""
     from omegaconf import OmegaConf
 
-    from rlrunner.config.schema import ModelConfig
+    from rlrunner.recipe import ModelConfig
 
     def make(model_type: str) -> Any:
         cfg = OmegaConf.structured(ModelConfig(model_path=str(tiny_dirs(model_type)), model_type=model_type,

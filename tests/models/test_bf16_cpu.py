@@ -15,8 +15,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlrunner.config.schema import ModelConfig
 from rlrunner.models import TRAINED_ADAPTER, build_model
+from rlrunner.recipe import ModelConfig
 from rlrunner.utils.device import resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -138,7 +138,7 @@ def test_offload_options_and_released_components(load_tiny):
 def test_build_model_from_the_recipe_section(tiny_dirs):
     from omegaconf import OmegaConf
 
-    from rlrunner.config.schema import ModelConfig
+    from rlrunner.recipe import ModelConfig
 
     cfg = OmegaConf.structured(ModelConfig(model_type="sd3", model_path=str(tiny_dirs("sd3")), precision="bf16",
                                            device="cpu"))

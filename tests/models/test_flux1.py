@@ -17,10 +17,11 @@ from omegaconf import OmegaConf
 
 from rlrunner.cluster.parallelize import Engine
 from rlrunner.config.loader import RecipeError
-from rlrunner.config.schema import AlgorithmConfig, FamilyConfig
+from rlrunner.config.schema import AlgorithmConfig
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, detect_model_type
 from rlrunner.models.flux1 import Flux1FlowModel
 from rlrunner.models.schedules import token_shift_mu
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.recipe import load_recipe
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlrunner.config.schema import ModelConfig
 from rlrunner.models import TRAINED_ADAPTER, model_class
 from rlrunner.models.tiny_text import write_random_tiny
+from rlrunner.recipe import ModelConfig
 
 
 def _header_and_data(path: Path) -> tuple[dict, bytes]:

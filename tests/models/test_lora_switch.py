@@ -10,8 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlrunner.config.schema import FamilyConfig
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, fast_switch
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import write_random_tiny
 

@@ -16,9 +16,9 @@ from family_helpers import make_noise
 from omegaconf import OmegaConf
 
 from rlrunner.commands.plan import device_peak, main
-from rlrunner.config.schema import ModelConfig
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import load_tiny_components
+from rlrunner.recipe import ModelConfig
 from rlrunner.sizing.memory import (
     ComponentPlan,
     ModelSizes,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlrunner.config.schema import FamilyConfig
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, model_class
+from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import (
     CharTextEncoder,
