@@ -130,7 +130,7 @@ _FAMILY = {
     "eval_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),
     "shift": Rule(lambda s: s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0),
                   "null (the pipeline's own schedule) or a sigma shift > 0"),
-    "guidance": Choice(_registry("rlrunner.models.base", "GUIDANCE_KINDS")),
+    "guidance": Choice(_registry("rlrunner.models.guidance", "GUIDANCE_KINDS")),
     "max_sequence_length": POSITIVE_INT,
     "condition_mode": Choice(_registry("rlrunner.models.wan", "CONDITION_MODES")),
     "use_lora": Rule(bool, "true: NFT keeps its old policy as a second LoRA adapter"),

@@ -7,7 +7,7 @@ what to change.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -15,6 +15,9 @@ from rlrunner.config.checks import Context, problems, reward_part_problems
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.model_checks import check_context_parallel, check_family
 from rlrunner.config.paths import joins_cluster
+
+if TYPE_CHECKING:
+    from rlrunner.models.guidance import Guidance
 
 # reward keys that a reward model cannot do without
 REWARD_NEEDS = {"remote": ("url",), "geneval": ("url",), "vlm_ocr": ("base_url", "served_model"),
@@ -46,9 +49,10 @@ def _check_algorithm(cfg: DictConfig) -> None:
         _fail("set runner.max_steps or runner.max_epochs to a positive number")
 
 
-def _check_flow_grpo(cfg: DictConfig) -> None:
-    """flow_grpo's rollout is its own Euler(-Maruyama) integrator without guidance, with one advantage per sample,
-    and its SDE window lies within the sampling steps."""
+def _check_flow_grpo(cfg: DictConfig, guidance: Guidance) -> None:
+    """flow_grpo's rollout is its own Euler(-Maruyama) integrator without classifier-free guidance (``guidance``:
+    the recipe's, resolved by :func:`check_family`), with one advantage per sample, and its SDE window lies within
+    the sampling steps."""
     alg = cfg.algorithm
     if alg.name != "flow_grpo":
         return
@@ -59,9 +63,7 @@ def _check_flow_grpo(cfg: DictConfig) -> None:
     if family.train_sampler != "euler":
         _fail(f"{key}.train_sampler={family.train_sampler!r} but algorithm.name=flow_grpo samples with Euler(-Maruyama) "
               f"steps (SDE on the trained steps, Euler elsewhere); set {key}.train_sampler=euler")
-    from rlrunner.models import model_class
-
-    if family.guidance_scale > 1 and model_class(cfg.actor.model.model_type).resolved_guidance(family) == "cfg":
+    if guidance.passes > 1:
         _fail(f"{key}.guidance_scale={family.guidance_scale} but algorithm.name=flow_grpo trains without classifier-free "
               f"guidance (its loss recomputes the sampled step's unguided log-probability); set {key}.guidance_scale=1")
     if alg.adv_type != "grpo":
@@ -229,11 +231,11 @@ def validate(cfg: DictConfig, base_dir: Path, check_datasets: bool = True) -> No
     for problem in problems(cfg, ctx):
         _fail(problem)
     _check_algorithm(cfg)
-    _check_flow_grpo(cfg)
     _check_awm(cfg)
     _check_resume(cfg)
     _check_model(cfg)
-    check_family(cfg, base_dir)
+    guidance = check_family(cfg, base_dir)
+    _check_flow_grpo(cfg, guidance)
     _check_logger(cfg)
     _check_env(cfg, "train", base_dir, check_datasets)
     _check_env(cfg, "eval", base_dir, check_datasets)
