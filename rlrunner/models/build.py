@@ -35,7 +35,7 @@ run after the build (prompts, velocity, schedule, guidance combination, decoding
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,9 +43,6 @@ from torch import nn
 from rlrunner.models.guidance import recipe_kind
 from rlrunner.models.loading import hold_pipeline, load_family_pipeline
 from rlrunner.models.shapes import SampleShapes, pipeline_configs
-
-if TYPE_CHECKING:
-    from rlrunner.models.base import FlowModel
 
 #: the build hooks in call order (module docstring)
 BUILD_HOOKS = ("load_pipeline", "check_pipeline", "guidance_kind", "denoiser", "sample_shapes", "configure",
@@ -63,9 +60,10 @@ def folder_configs(pipe: Any) -> dict[str, dict[str, Any]]:
     return {"model_index": dict(pipe.config), **pipeline_configs(pipe)}
 
 
-def build_family(family: type[FlowModel], model_path: str, family_cfg: Any, *, device: torch.device,
-                 dtype: torch.dtype, denoiser_only: bool = False) -> FlowModel:
-    """Build ``family`` from ``model_path`` at ``family_cfg``'s settings: the hooks in the module docstring's order.
+def build_family(family: type, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
+                 denoiser_only: bool = False) -> Any:
+    """Build ``family`` (a :class:`~rlrunner.models.base.FlowModel` subclass, which imports this module) from
+    ``model_path`` at ``family_cfg``'s settings: the hooks in the module docstring's order. Returns the model.
 
     ``denoiser_only``: without text encoders, tokenizers and VAE, whose weights are never read (the actor's model).
     """
