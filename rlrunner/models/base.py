@@ -61,13 +61,13 @@ class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
     expert_components: tuple[str, ...] = ()
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
-    #: the guidance kinds (:data:`~rlrunner.models.guidance.GUIDANCE_KINDS` but ``auto``) this family's pipeline supports; the first is the
-    #: default that ``guidance: auto`` picks unless the ``guidance_kind`` hook knows better from the folder
-    guidance_kinds: tuple[str, ...] = ("cfg",)
     #: how the family's :meth:`combine_guidance` combines the ``cfg`` halves (``Guidance.combine``)
     guidance_combine: str = PLAIN_COMBINE
     #: with ``use_lora: false`` the whole denoiser trains (tiny); otherwise it stays frozen
     full_finetune_without_lora: bool = False
+    #: the guidance kinds (:data:`~rlrunner.models.guidance.GUIDANCE_KINDS` but ``auto``) this family's pipeline
+    #: supports; the first is what ``guidance: auto`` picks unless the ``guidance_kind`` hook reads the folder
+    guidance_kinds: tuple[str, ...] = ("cfg",)
     #: the family settings (``FamilyConfig`` keys) that only some families read and this one does: a dry run shows
     #: a family's section without the others' own settings
     own_settings: tuple[str, ...] = ()
