@@ -69,11 +69,11 @@ KEY_CHECKS: dict[str, Check] = {key: check for table in KEY_TABLES.values() for 
 # in the order they run: the first failing one names the recipe's problem
 CROSS_KEY_CHECKS: tuple[CrossCheck, ...] = (
     objective_checks.check_algorithm,
-    objective_checks.check_flow_grpo,
     objective_checks.check_awm,
     run_checks.check_resume,
     model_checks.check_model,
     model_checks.check_model_family,
+    objective_checks.check_flow_grpo,  # after the model's: it reads the guidance they resolved
     tracking_checks.check_logger,
     data_checks.check_prompt_sets,
     reward_checks.check_rewards,

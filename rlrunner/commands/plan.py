@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     memory = (DeviceMemory("--device-memory", int(args.device_memory * 2**30)) if args.device_memory
               else visible_device_memory())
-    geometry = step_geometry(cfg, placement)
+    geometry = step_geometry(cfg, placement, sizes.guidance)
     print("\n".join(render(cfg, sizes, geometry, placement, args.config_name, memory)))
     return 0
 

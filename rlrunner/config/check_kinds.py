@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,9 @@ from omegaconf import DictConfig
 class Context:
     base_dir: Path  # anchors relative paths
     check_datasets: bool = True  # False: the prompt files are not read (rlrunner.commands.plan reads none)
+    # what a cross-key check resolved for the checks after it, by name: "guidance", the model's Guidance
+    # (rlrunner.models.checks.check_model_family; read by rlrunner.objectives.checks.check_flow_grpo)
+    resolved: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -20,28 +20,27 @@ import torch
 from torch import nn
 
 from rlrunner.algorithms.samplers import VelocityFn, VelocityObserver, sample_flow, sigma_schedule
-from rlrunner.models.loading import load_family_pipeline
+from rlrunner.models.build import BuildHooks, build_family
+from rlrunner.models.guidance import PLAIN_COMBINE, Guidance, resolve
 from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAdapters, saved_config, write_lora
 from rlrunner.models.placement import ComponentPlacement
 from rlrunner.models.schedules import pipeline_sigmas
 from rlrunner.models.settings import FamilyConfig
+from rlrunner.models.shapes import SampleShapes
 
 Cond = dict[str, torch.Tensor]
-#: how guidance reaches a denoiser (``actor.model.<family>.guidance``; ``auto``: the family's default):
-#: ``cfg`` two passes (negative and conditional) combined by :meth:`FlowModel.combine_guidance`; ``embedded`` the
-#: scale is a model input, one pass (FLUX.1-dev); ``none`` one pass, no guidance (distilled models)
-GUIDANCE_KINDS = ("auto", "cfg", "embedded", "none")
 
 
 # --------------------------------------------------------------------------------------------------- interface
-class FlowModel(ComponentPlacement, abc.ABC):
+class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
     """Base class of the model families.
 
-    Subclasses set ``self.transformer`` (an ``nn.Module`` whose forward the subclass calls in
-    :meth:`_predict_velocity`), ``self.shapes`` (their :class:`~rlrunner.models.shapes.SampleShapes`),
-    ``self.lora_target_modules`` and implement the abstract methods. Families that
-    have text encoders / a VAE list them in ``self.text_encoders`` / ``self.vae`` so that offloading and
-    :meth:`release_text_encoders` / :meth:`release_vae` work for all of them.
+    :meth:`load` builds a family by the hooks of :mod:`rlrunner.models.build`, in their order (the pipeline, its
+    checks, the guidance, the denoiser, the shapes, LoRA, placement); a family sets the class attributes below,
+    overrides hooks (:data:`~rlrunner.models.build.FAMILY_HOOKS`) and implements the abstract methods. What it
+    holds afterwards: ``self.transformer`` (the denoiser), ``self.text_encoders`` / ``self.vae`` (offloading and
+    :meth:`release_text_encoders` / :meth:`release_vae` work for all families), ``self.shapes`` and
+    ``self.resolved_guidance`` (:class:`~rlrunner.models.guidance.Guidance`, resolved once).
     """
 
     #: the recipe's ``actor.model.model_type`` of this family
@@ -63,8 +62,12 @@ class FlowModel(ComponentPlacement, abc.ABC):
     expert_components: tuple[str, ...] = ()
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
-    #: the guidance kinds (:data:`GUIDANCE_KINDS` but ``auto``) this family's pipeline supports; the first is the
-    #: default that ``guidance: auto`` picks unless :meth:`default_guidance` knows better from the loaded model
+    #: how the family's :meth:`combine_guidance` combines the ``cfg`` halves (``Guidance.combine``)
+    guidance_combine: str = PLAIN_COMBINE
+    #: with ``use_lora: false`` the whole denoiser trains (tiny); otherwise it stays frozen
+    full_finetune_without_lora: bool = False
+    #: the guidance kinds (:data:`~rlrunner.models.guidance.GUIDANCE_KINDS` but ``auto``) this family's pipeline
+    #: supports; the first is what ``guidance: auto`` picks unless the ``guidance_kind`` hook reads the folder
     guidance_kinds: tuple[str, ...] = ("cfg",)
     #: the family settings (``FamilyConfig`` keys) that only some families read and this one does: a dry run shows
     #: a family's section without the others' own settings
@@ -80,6 +83,8 @@ class FlowModel(ComponentPlacement, abc.ABC):
         self.device = device
         self.dtype = dtype
         self.transformer: nn.Module
+        self.shapes: SampleShapes
+        self.resolved_guidance: Guidance
         self.text_encoders: dict[str, nn.Module] = {}
         self.vae: nn.Module | None = None
         self.lora: LoraAdapters | None = None
@@ -90,11 +95,10 @@ class FlowModel(ComponentPlacement, abc.ABC):
     @classmethod
     def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
              denoiser_only: bool = False) -> FlowModel:
-        """Build from a diffusers pipeline folder or hub id: VAE in fp32 (decoding precision), the rest in ``dtype``;
-        ``denoiser_only``: without text encoders, tokenizers and VAE, never read (:func:`load_family_pipeline`)."""
-        pipe = load_family_pipeline(cls, model_path, dtype, denoiser_only)
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe, family_cfg, device=device, dtype=dtype)
+        """Build from a diffusers pipeline folder or hub id (:func:`~rlrunner.models.build.build_family`): VAE in
+        fp32 (decoding precision), the rest in ``dtype``; ``denoiser_only``: without text encoders, tokenizers and
+        VAE, never read."""
+        return build_family(cls, model_path, family_cfg, device=device, dtype=dtype, denoiser_only=denoiser_only)
 
     @classmethod
     def check_model_index(cls, index: dict[str, Any], where: str) -> None:
@@ -115,28 +119,16 @@ class FlowModel(ComponentPlacement, abc.ABC):
         return True
 
     @classmethod
-    def resolved_guidance(cls, family_cfg: Any) -> str:
-        """The recipe's guidance kind, ``auto`` read as the family's default; a kind the family lacks is a
-        ``ValueError`` naming the kinds it has."""
-        kind = str(getattr(family_cfg, "guidance", "auto"))
-        if kind == "auto":
-            return cls.guidance_kinds[0]
-        if kind not in cls.guidance_kinds:
-            raise ValueError(f"actor.model.{cls.model_type}.guidance={kind!r} is not supported by this family; "
-                             f"choose one of {['auto', *cls.guidance_kinds]}")
-        return kind
+    def resolve_guidance(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> Guidance:
+        """The recipe's guidance on the folder whose config dicts are ``configs`` (empty: a hub id, the recipe
+        alone) as one :class:`~rlrunner.models.guidance.Guidance`: the kind from the ``guidance_kind`` hook, the
+        scales checked against it. A bad setting is a ``ValueError`` of one line naming the key."""
+        return resolve(cls, family_cfg, cls.guidance_kind(family_cfg, configs))
 
     @property
     def guidance(self) -> str:
-        """The guidance kind in force: the recipe's, or :meth:`default_guidance` for ``auto``."""
-        if str(getattr(self.cfg, "guidance", "auto")) == "auto":
-            return self.default_guidance()
-        return self.resolved_guidance(self.cfg)
-
-    def default_guidance(self) -> str:
-        """``guidance: auto`` on the loaded model (a family whose variants differ, e.g. FLUX.1-dev / schnell,
-        overrides this)."""
-        return self.guidance_kinds[0]
+        """The guidance kind in force (``self.resolved_guidance.kind``)."""
+        return self.resolved_guidance.kind
 
     # ------------------------------------------------------------------ family-specific
     @property
@@ -201,7 +193,7 @@ class FlowModel(ComponentPlacement, abc.ABC):
                                f"recomputed with the {TRAINED_ADAPTER!r} adapter in backward; wrap it in "
                                f"torch.no_grad()")
         # embedded guidance is part of the policy: trained at the scale the training rollouts used
-        guidance = self._embedded_guidance(float(self.cfg.guidance_scale), t)
+        guidance = self._embedded_guidance(self.resolved_guidance.scale, t)
         with self.use_adapter(adapter):
             return self._predict_velocity(latents, t, cond, guidance).to(latents.dtype)
 
@@ -299,17 +291,18 @@ class FlowModel(ComponentPlacement, abc.ABC):
         """
         return v_neg + guidance_scale * (v_cond - v_neg)
 
-    def _setup_transformer(self) -> None:
-        """Freeze, optionally checkpoint, add the LoRA adapters (and load ``lora_path``), place on device."""
+    def setup_denoiser(self) -> None:
+        """Build step 7: freeze, optionally checkpoint, add the LoRA adapters (and load ``lora_path``); with
+        ``use_lora: false`` the denoiser trains whole only where :attr:`full_finetune_without_lora`."""
         self.transformer.requires_grad_(False).eval()
-        _ = self.guidance  # a kind the family lacks fails here, at load, as well as in the recipe check
         if self._option("gradient_checkpointing"):
             self.transformer.enable_gradient_checkpointing()
         if self.cfg.use_lora:
             self._add_lora_adapters(int(self.cfg.lora_rank), int(self.cfg.lora_alpha))
             if self.cfg.lora_path:
                 self.load_lora(str(self.cfg.lora_path))
-        self._place_components()
+        elif self.full_finetune_without_lora:
+            self.transformer.requires_grad_(True)
 
     # ------------------------------------------------------------------ LoRA adapters (models/lora.py)
     def _add_lora_adapters(self, rank: int, alpha: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -18,6 +18,9 @@ from rlrunner.models import MODEL_FAMILIES
 from rlrunner.utils.device import DEVICE_NAMES, PRECISIONS
 
 # ------------------------------------------------------------------------------------------- the keys' checks
+
+if TYPE_CHECKING:
+    from rlrunner.models.guidance import Guidance
 
 
 # _FAMILY (and _registry, which it reads its choice lists with) moved verbatim from rlrunner/config/checks.py, so
@@ -55,7 +58,7 @@ _FAMILY = {
     "eval_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),
     "shift": Rule(lambda s: s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0),
                   "null (the pipeline's own schedule) or a sigma shift > 0"),
-    "guidance": Choice(_registry("rlrunner.models.base", "GUIDANCE_KINDS")),
+    "guidance": Choice(_registry("rlrunner.models.guidance", "GUIDANCE_KINDS")),
     "max_sequence_length": POSITIVE_INT,
     "condition_mode": Choice(_registry("rlrunner.models.wan", "CONDITION_MODES")),
     "use_lora": Rule(bool, "true: NFT keeps its old policy as a second LoRA adapter"),
@@ -90,8 +93,9 @@ def check_model(cfg: DictConfig, ctx: Context) -> None:
 
 
 def check_model_family(cfg: DictConfig, ctx: Context) -> None:
-    """:func:`check_family` of the recipe's model, its relative folder taken from ``ctx.base_dir``."""
-    check_family(cfg, ctx.base_dir)
+    """:func:`check_family` of the recipe's model, its relative folder taken from ``ctx.base_dir``; the guidance it
+    resolves is ``ctx.resolved["guidance"]`` for the checks after it."""
+    ctx.resolved["guidance"] = check_family(cfg, ctx.base_dir)
 
 
 def check_model_sequence(cfg: DictConfig, ctx: Context) -> None:
@@ -119,48 +123,49 @@ def resolve_model_type(cfg: DictConfig, base_dir: Path) -> None:
         _fail(str(err))
 
 
-def check_family(cfg: DictConfig, base_dir: Path) -> None:
-    """The family supports the recipe's guidance kind, and a local model folder (its ``model_index.json``) is one
-    the family loads, at a resolution that patches evenly (hub ids are checked when a worker loads them)."""
+def check_family(cfg: DictConfig, base_dir: Path) -> Guidance:
+    """The family supports the recipe's guidance, and a local model folder (its ``model_index.json``) is one the
+    family loads, at a resolution that patches evenly (hub ids are checked when a worker loads them). Returns the
+    guidance resolved from the recipe and the folder's config files (:meth:`FlowModel.resolve_guidance`; the recipe
+    alone for a hub id), which the later checks read."""
     from rlrunner.models import model_class
     from rlrunner.models.loading import read_model_index
 
     model = cfg.actor.model
     family, family_cfg, key = model_class(model.model_type), model[model.model_type], f"actor.model.{model.model_type}"
-    try:
-        kind = family.resolved_guidance(family_cfg)
-    except ValueError as err:
-        _fail(str(err))
-    if kind == "none" and (family_cfg.guidance_scale != 1 or family_cfg.eval_guidance_scale != 1):
-        _fail(f"{key}.guidance=none samples without guidance, but guidance_scale={family_cfg.guidance_scale} / "
-              f"eval_guidance_scale={family_cfg.eval_guidance_scale}; set both to 1.0 or choose another guidance")
-    _check_experts(family, family_cfg, key)
+    if not family.expert_components and family_cfg.train_experts != "both":
+        _fail(f"{key}.train_experts={family_cfg.train_experts!r} applies to a model with two experts "
+              f"(wan22_t2v_a14b); {family.model_type} has one denoiser: remove it")
     folder = base_dir / Path(model.model_path).expanduser()
     if not (folder / "model_index.json").is_file():
-        return  # a hub id, or a folder the loading worker reports on (it may exist only on the GPU nodes)
+        # a hub id, or a folder the loading worker reports on (it may exist only on the GPU nodes)
+        return _resolve_or_fail(family, family_cfg, {}, key)
     try:
         index = read_model_index(str(folder))
         family.check_model_index(index, f"actor.model.model_path={model.model_path!r}")
-        family.sample_shapes(family_cfg, {"model_index": index, **_component_configs(folder, index)})
-    except KeyError:
-        return  # a layout the family's shape rules do not read here; loading the model reports what is wrong
+        configs = {"model_index": index, **_component_configs(folder, index)}
     except (ValueError, FileNotFoundError) as err:
-        _fail(f"{key}: {err}" if not str(err).startswith("actor.model") else str(err))
+        _fail(_one_line(err, key))
+    guidance = _resolve_or_fail(family, family_cfg, configs, key)
+    try:
+        family.sample_shapes(family_cfg, configs)
+    except KeyError:
+        pass  # a layout the family's shape rules do not read here; loading the model reports what is wrong
+    except (ValueError, FileNotFoundError) as err:
+        _fail(_one_line(err, key))
+    return guidance
 
 
-def _check_experts(family: Any, family_cfg: DictConfig, key: str) -> None:
-    """The two-expert keys (Wan2.2 A14B) only where a family has experts, and a low-noise scale only where guidance
-    is on: WanPipeline guides only when the high-noise guidance_scale is > 1, whatever guidance_scale_2 says."""
-    if not family.expert_components:
-        for name, unset in (("guidance_scale_2", None), ("eval_guidance_scale_2", None), ("train_experts", "both")):
-            if family_cfg[name] != unset:
-                _fail(f"{key}.{name}={family_cfg[name]!r} applies to a model with two experts (wan22_t2v_a14b); "
-                      f"{family.model_type} has one denoiser: remove it")
-        return
-    for scale, low in (("guidance_scale", "guidance_scale_2"), ("eval_guidance_scale", "eval_guidance_scale_2")):
-        if family_cfg[low] is not None and family_cfg[low] != 1 and family_cfg[scale] <= 1:
-            _fail(f"{key}.{low}={family_cfg[low]} but {scale}={family_cfg[scale]}: the pipeline guides (both experts) "
-                  f"only when {scale} > 1; set {scale} > 1 or {low} to null")
+def _resolve_or_fail(family: Any, family_cfg: DictConfig, configs: dict[str, Any], key: str) -> Guidance:
+    try:
+        return family.resolve_guidance(family_cfg, configs)
+    except ValueError as err:
+        _fail(_one_line(err, key))
+
+
+def _one_line(err: Exception, key: str) -> str:
+    """A family's refusal as the recipe error: prefixed with the family's key unless it names a key itself."""
+    return f"{key}: {err}" if not str(err).startswith("actor.model") else str(err)
 
 
 def _component_configs(folder: Path, index: dict[str, Any]) -> dict[str, dict[str, Any]]:

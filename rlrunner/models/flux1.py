@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
-from rlrunner.models.loading import hold_pipeline
+from rlrunner.models.guidance import recipe_kind
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.qwen_image import pack_latents, unpack_latents
 from rlrunner.models.schedules import token_shift_kwargs
@@ -69,34 +69,27 @@ class Flux1FlowModel(FlowModel):
     text_encoder_names = ("text_encoder", "text_encoder_2")
     vae_class_name = "AutoencoderKL"
     lora_target_modules = FLUX1_LORA_TARGETS
-    # first = the default of a guidance-embedding transformer (dev); default_guidance reads the loaded folder
+    # first = the default of a guidance-embedding transformer (dev); guidance_kind reads the folder
     guidance_kinds = ("embedded", "none", "cfg")
 
-    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(family_cfg, device=device, dtype=dtype)
-        hold_pipeline(self, pipe)
-        self._setup_transformer()
-
-    def default_guidance(self) -> str:
-        """``embedded`` for a transformer with a guidance embedding (dev), else ``none`` (schnell)."""
-        return "embedded" if self.transformer.config.guidance_embeds else "none"
-
     @classmethod
-    def check_folder_guidance(cls, family_cfg: Any, transformer_config: dict[str, Any]) -> str:
-        """The guidance kind in force for a transformer with this config; ``ValueError`` (one line) when the recipe's
-        kind or scale does not fit it: ``embedded`` needs ``guidance_embeds`` true, ``none`` / ``cfg`` need it false
-        (a guidance-distilled transformer always takes a guidance input, which true CFG would leave undefined)."""
-        embeds = bool(transformer_config.get("guidance_embeds", False))
+    def guidance_kind(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> str:
+        """By the transformer config's ``guidance_embeds``: ``auto`` is ``embedded`` where it is true (dev), ``none``
+        where false (schnell); ``ValueError`` (one line) when the recipe's kind or scale does not fit it: ``embedded``
+        needs it true, ``none`` / ``cfg`` need it false (a guidance-distilled transformer always takes a guidance
+        input, which true CFG would leave undefined). Without the folder's configs: the recipe alone."""
+        if "transformer" not in configs:
+            return super().guidance_kind(family_cfg, configs)
+        embeds = bool(configs["transformer"].get("guidance_embeds", False))
         key = f"actor.model.{cls.model_type}"
-        if str(family_cfg.guidance) == "auto":
+        kind = recipe_kind(cls, family_cfg)
+        if kind is None:
             kind = "embedded" if embeds else "none"
-        else:
-            kind = cls.resolved_guidance(family_cfg)
-            if (kind == "embedded") != embeds:
-                has = "has" if embeds else "has no"
-                fits = "embedded" if embeds else "none or cfg"
-                raise ValueError(f"{key}.guidance={kind!r} but this FLUX.1 transformer {has} guidance embedding "
-                                 f"(guidance_embeds: {str(embeds).lower()}); use auto or {fits}")
+        elif (kind == "embedded") != embeds:
+            has = "has" if embeds else "has no"
+            fits = "embedded" if embeds else "none or cfg"
+            raise ValueError(f"{key}.guidance={kind!r} but this FLUX.1 transformer {has} guidance embedding "
+                             f"(guidance_embeds: {str(embeds).lower()}); use auto or {fits}")
         if kind == "none" and (family_cfg.guidance_scale != 1 or family_cfg.eval_guidance_scale != 1):
             raise ValueError(f"{key}: this FLUX.1 transformer samples without guidance (guidance_embeds: false, "
                              f"guidance {kind}), but guidance_scale={family_cfg.guidance_scale} / eval_guidance_scale="
@@ -114,12 +107,9 @@ class Flux1FlowModel(FlowModel):
 
         Latent ``(in_channels / 4, H/f, W/f)`` with the VAE factor ``f = 2^(levels - 1)``, packed in 2x2 patches for
         the transformer; ``prompt_embeds``: ``max_sequence_length`` T5 tokens, ``joint_attention_dim`` wide.
-        Also checks the recipe's guidance against the transformer (:meth:`check_folder_guidance`): this is the
-        hook that sees a folder's configs before launch.
         """
         height, width = resolution_hw(family_cfg.resolution)
         transformer = configs["transformer"]
-        cls.check_folder_guidance(family_cfg, transformer)
         factor = 2 ** (len(configs["vae"]["block_out_channels"]) - 1)
         check_divisible(height, width, factor * 2, "flux1")
         if int(family_cfg.max_sequence_length) > 512:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from rlrunner.models.base import Cond, FlowModel
-from rlrunner.models.loading import hold_pipeline
+from rlrunner.models.guidance import recipe_kind
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
@@ -89,24 +89,20 @@ class Flux2KleinFlowModel(FlowModel):
     lora_target_modules = FLUX2_LORA_TARGETS
     guidance_kinds = ("cfg", "none")
 
-    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(family_cfg, device=device, dtype=dtype)
-        if pipe.transformer.config.guidance_embeds:
+    @classmethod
+    def guidance_kind(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> str:
+        """``none`` for the step-distilled klein (``model_index.json`` ``is_distilled: true``), else the recipe's kind
+        (``auto``: ``cfg``, klein base); ``cfg`` on a distilled klein, or a transformer that embeds guidance, is
+        refused."""
+        if configs.get("transformer", {}).get("guidance_embeds"):
             raise ValueError("Flux2KleinPipeline passes no guidance to the transformer, but this one has "
                              "guidance_embeds: true (a FLUX.2-dev transformer?); klein folders have false")
-        hold_pipeline(self, pipe)
-        if self.is_distilled and str(family_cfg.guidance) == "cfg":
+        distilled = bool(configs.get("model_index", {}).get("is_distilled", False))
+        kind = recipe_kind(cls, family_cfg)
+        if distilled and kind == "cfg":
             raise ValueError("actor.model.flux2_klein.guidance=cfg on a step-distilled klein (model_index.json "
                              "is_distilled: true), whose pipeline never guides; use none or auto")
-        self._setup_transformer()
-
-    @property
-    def is_distilled(self) -> bool:
-        return bool(self.pipe.config.get("is_distilled", False))
-
-    def default_guidance(self) -> str:
-        """``none`` for the step-distilled klein, ``cfg`` for klein base (the folder's ``is_distilled``)."""
-        return "none" if self.is_distilled else "cfg"
+        return kind or ("none" if distilled else "cfg")
 
     @classmethod
     def lora_exclude_modules(cls, denoiser: nn.Module) -> tuple[str, ...]:

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from rlrunner.models.pixels import resolution_hw
-from rlrunner.models.shapes import pipeline_configs
 
 #: the pipeline components a denoiser-only model (the actor's) loads (transformer_2: the second expert of a
 #: two-expert model; absent elsewhere)
@@ -112,13 +111,12 @@ def skipped_component_configs(model_path: str, index: dict[str, Any], names: Ite
 
 
 def hold_pipeline(model: Any, pipe: Any, transformer: nn.Module | None = None) -> None:
-    """Give ``model`` (a FlowModel) ``pipe``, its denoiser (``transformer``, default ``pipe.transformer``), VAE and the
-    text encoders its family names in ``text_encoder_names`` (those the folder has), and the sample shapes at the
-    family's settings (``resolution`` and the rest)."""
+    """Give ``model`` (a FlowModel) ``pipe``, its denoiser (``transformer``, default ``pipe.transformer``), VAE, the
+    text encoders its family names in ``text_encoder_names`` (those the folder has) and the pixel size of its
+    ``resolution`` (build step 4, :mod:`rlrunner.models.build`)."""
     model.pipe = pipe
     model.transformer = pipe.transformer if transformer is None else transformer
     model.vae = pipe.vae
     model.text_encoders = {name: getattr(pipe, name) for name in model.text_encoder_names
                            if getattr(pipe, name, None) is not None}
     model.height, model.width = resolution_hw(model.cfg.resolution)
-    model.shapes = model.sample_shapes(model.cfg, pipeline_configs(pipe))

@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from rlrunner.models.base import Cond, FlowModel
-from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.ragged_text import concat_padded
@@ -75,14 +74,16 @@ class QwenImageFlowModel(FlowModel):
     vae_class_name = "AutoencoderKLQwenImage"
     lora_target_modules = MMDIT_LORA_TARGETS
 
-    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(family_cfg, device=device, dtype=dtype)
-        if pipe.transformer.config.guidance_embeds:
+    def check_pipeline(self, pipe: Any) -> None:
+        if int(self.cfg.max_sequence_length) > 1024:
+            raise ValueError(f"qwen_image max_sequence_length {self.cfg.max_sequence_length} exceeds 1024")
+
+    @classmethod
+    def guidance_kind(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> str:
+        """``cfg`` (``true_cfg_scale``); a guidance-distilled transformer, whose scale would be an input, is refused."""
+        if configs.get("transformer", {}).get("guidance_embeds"):
             raise ValueError("guidance-distilled Qwen-Image transformers (guidance_embeds: true) are not supported")
-        if int(family_cfg.max_sequence_length) > 1024:
-            raise ValueError(f"qwen_image max_sequence_length {family_cfg.max_sequence_length} exceeds 1024")
-        hold_pipeline(self, pipe)
-        self._setup_transformer()
+        return super().guidance_kind(family_cfg, configs)
 
     @classmethod
     def lora_exclude_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:

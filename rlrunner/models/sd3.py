@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
-from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.settings import FamilyConfig
@@ -38,12 +37,9 @@ class SD3FlowModel(FlowModel):
     vae_class_name = "AutoencoderKL"
     lora_target_modules = MMDIT_LORA_TARGETS
 
-    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(family_cfg, device=device, dtype=dtype)
-        hold_pipeline(self, pipe)
-        if int(family_cfg.max_sequence_length) > 512:
-            raise ValueError(f"sd3 max_sequence_length {family_cfg.max_sequence_length} exceeds T5's 512")
-        self._setup_transformer()
+    def check_pipeline(self, pipe: Any) -> None:
+        if int(self.cfg.max_sequence_length) > 512:
+            raise ValueError(f"sd3 max_sequence_length {self.cfg.max_sequence_length} exceeds T5's 512")
 
     @classmethod
     def lora_exclude_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:

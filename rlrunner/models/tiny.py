@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
+from rlrunner.models.build import folder_configs
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 from rlrunner.models.tiny_text import load_tiny_components, target_text, tiny_velocity
@@ -53,6 +54,24 @@ class TinySettings(FamilyConfig):
     max_sequence_length: int = 8
 
 
+@dataclass
+class TinyPipeline:
+    """A tiny model folder held as a diffusers pipeline is, for the build hooks (:mod:`rlrunner.models.build`): the
+    UNet as ``transformer``, the character encoder (``None``: not loaded, its config in ``skipped_configs``), no VAE,
+    ``config`` = ``model_index.json``."""
+
+    path: str
+    config: dict[str, Any]
+    transformer: torch.nn.Module
+    text_encoder: torch.nn.Module | None
+    skipped_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    vae: None = None
+
+    @property
+    def components(self) -> dict[str, torch.nn.Module | None]:
+        return {"transformer": self.transformer, "text_encoder": self.text_encoder}
+
+
 class TinyFlowModel(FlowModel):
     """The tiny family behind :class:`FlowModel` (see the module docstring).
 
@@ -69,18 +88,8 @@ class TinyFlowModel(FlowModel):
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
                            "conv1", "conv2")
 
-    def __init__(self, family_cfg: Any, unet: torch.nn.Module, text_encoder: torch.nn.Module | dict[str, Any],
-                 index: dict[str, Any], *, device: torch.device, dtype: torch.dtype) -> None:
-        """``text_encoder``: the module, or only its config (a denoiser-only model, which cannot encode)."""
-        super().__init__(family_cfg, device=device, dtype=dtype)
-        self.transformer = unet.to(device)
-        if isinstance(text_encoder, torch.nn.Module):
-            self.text_encoders = {"text_encoder": text_encoder.to(device).eval().requires_grad_(False)}
-        text_config = dict(text_encoder.config) if isinstance(text_encoder, torch.nn.Module) else text_encoder
-        self.index = index
-        self.alphabet: str = str(index.get("alphabet", text_config["alphabet"]))
-        self._resolution = _resolution(index["resolution"])
-        self.shapes = self.sample_shapes(family_cfg, {"model_index": index, "text_encoder": text_config})
+    # scripts/pretrain_tiny.py trains the whole UNet; use_lora: false keeps doing so
+    full_finetune_without_lora = True
 
     @classmethod
     def check_model_index(cls, index: dict[str, Any], where: str) -> None:
@@ -90,35 +99,29 @@ class TinyFlowModel(FlowModel):
                              f"that scripts/pretrain_tiny.py writes; fix model_type (or use auto) or the path")
 
     @classmethod
-    def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
-             denoiser_only: bool = False) -> TinyFlowModel:
-        """Load the folder written by ``scripts/pretrain_tiny.py`` and add the LoRA adapters.
+    def load_pipeline(cls, model_path: str, dtype: torch.dtype, denoiser_only: bool) -> TinyPipeline:
+        """Build step 1: the folder written by ``scripts/pretrain_tiny.py`` (``model_index.json``, ``unet/``,
+        ``text_encoder/``); ``denoiser_only`` leaves the text encoder's weights unread (the actor's model).
 
-        Args:
-            model_path: folder with ``model_index.json``, ``unet/`` and ``text_encoder/``.
-            family_cfg: ``actor.model.tiny`` (``resolution`` must be the trained one, default [32, 96];
-                ``use_lora``, ``lora_rank``, ``lora_alpha``, ``lora_path``, ``shift``, ``gradient_checkpointing``).
-            device, dtype: where and in which precision the denoiser runs.
-            denoiser_only: leave the text encoder's weights unread (the actor's model, which never encodes).
-        Raises:
-            FileNotFoundError: ``model_path`` (or a part of it, or ``lora_path``) is missing.
-            ValueError: the requested resolution differs from the trained one.
+        Raises ``FileNotFoundError`` naming a missing folder or part.
         """
         unet, text_encoder, index = load_tiny_components(str(model_path), dtype=dtype, text_encoder=not denoiser_only)
-        model = cls(family_cfg, unet, text_encoder, index, device=device, dtype=dtype)
-        wanted = _resolution(family_cfg.resolution)
-        if wanted != model._resolution:
-            raise ValueError(f"actor.model.tiny.resolution={list(wanted)} but the tiny model at {model_path!r} was "
-                             f"trained at {list(model._resolution)}; set resolution: {list(model._resolution)}")
-        if getattr(family_cfg, "gradient_checkpointing", False):
-            model.transformer.enable_gradient_checkpointing()
-        if getattr(family_cfg, "use_lora", True):
-            model._add_lora_adapters(int(family_cfg.lora_rank), int(family_cfg.lora_alpha))
-            if getattr(family_cfg, "lora_path", ""):
-                model.load_lora(str(family_cfg.lora_path))
-        else:
-            model.transformer.requires_grad_(True)
-        return model
+        if isinstance(text_encoder, torch.nn.Module):
+            return TinyPipeline(model_path, index, unet, text_encoder.eval())
+        return TinyPipeline(model_path, index, unet, None, skipped_configs={"text_encoder": text_encoder})
+
+    def check_pipeline(self, pipe: TinyPipeline) -> None:
+        """The recipe's ``resolution`` is the one the model was trained at."""
+        wanted, trained = _resolution(self.cfg.resolution), _resolution(pipe.config["resolution"])
+        if wanted != trained:
+            raise ValueError(f"actor.model.tiny.resolution={list(wanted)} but the tiny model at {pipe.path!r} was "
+                             f"trained at {list(trained)}; set resolution: {list(trained)}")
+
+    def configure(self, pipe: TinyPipeline) -> None:
+        """The characters the text encoder was trained on (the OCR reward's ``alphabet`` filter)."""
+        self.index = pipe.config
+        text_config = folder_configs(pipe)["text_encoder"]
+        self.alphabet: str = str(pipe.config.get("alphabet", text_config["alphabet"]))
 
     # ------------------------------------------------------------------ FlowModel
     @classmethod

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from rlrunner.models.base import Cond, FlowModel
-from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
@@ -98,23 +97,23 @@ class WanFlowModel(FlowModel):
     )
     decode_batch_size = 2
 
-    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(family_cfg, device=device, dtype=dtype)
-        if family_cfg.condition_mode not in CONDITION_MODES:
-            raise ValueError(f"{self.model_type} condition_mode {family_cfg.condition_mode!r} is not supported; "
+    def check_pipeline(self, pipe: Any) -> None:
+        """A condition mode we sample, and a pipeline of this layout (a hub id's index is checked only here)."""
+        if self.cfg.condition_mode not in CONDITION_MODES:
+            raise ValueError(f"{self.model_type} condition_mode {self.cfg.condition_mode!r} is not supported; "
                              f"valid: {list(CONDITION_MODES)}")
-        # a hub id's index is checked only here, on the loaded pipeline
         self.check_model_index({**pipe.config, "_class_name": type(pipe).__name__}, "the loaded pipeline")
-        hold_pipeline(self, pipe, self.denoiser(pipe))
-        if self.vae is not None:  # vae_tiling / vae_slicing bound the decode's memory at large frames
+
+    def configure(self, pipe: Any) -> None:
+        """VAE tiling / slicing (they bound the decode's memory at large frames) and the timestep layout."""
+        if self.vae is not None:
             if self._option("vae_tiling"):
                 self.vae.enable_tiling()
             if self._option("vae_slicing"):
                 self.vae.enable_slicing()
         self.expand_timesteps = bool(pipe.config.expand_timesteps)
-        self.num_frames = int(family_cfg.num_frames)
+        self.num_frames = int(self.cfg.num_frames)
         self.patch_size = tuple(pipe.transformer.config.patch_size)
-        self._setup_transformer()
 
     @classmethod
     def check_model_index(cls, index: dict[str, Any], where: str) -> None:
@@ -124,10 +123,6 @@ class WanFlowModel(FlowModel):
         if found != cls.model_type:
             raise ValueError(f"{where} holds a {LAYOUTS[found]} WanPipeline, but model_type {cls.model_type!r} "
                              f"expects {LAYOUTS[cls.model_type]}; use model_type {found!r} (or auto)")
-
-    def denoiser(self, pipe: Any) -> torch.nn.Module:
-        """The module :meth:`_predict_velocity` calls (the two-expert family wraps both experts in one)."""
-        return pipe.transformer
 
     @property
     def is_video(self) -> bool:

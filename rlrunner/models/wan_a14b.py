@@ -31,6 +31,7 @@ from torch import nn
 
 from rlrunner.algorithms.samplers import VelocityFn
 from rlrunner.models.base import Cond
+from rlrunner.models.guidance import low_noise_in_force
 from rlrunner.models.lora import ADAPTERS, TRAINED_ADAPTER, saved_config, write_lora
 from rlrunner.models.wan import LAYOUTS, Wan21Settings, WanFlowModel
 
@@ -163,7 +164,7 @@ class WanA14BFlowModel(WanFlowModel):
         sigma; with two scales, rows on both sides of the boundary in one call are an error.
         """
         high_fn = super().guided_velocity_fn(cond, guidance_scale, negative_cond)
-        low_scale = guidance_scale if guidance_scale_2 is None or guidance_scale <= 1 else float(guidance_scale_2)
+        low_scale = low_noise_in_force(guidance_scale, guidance_scale_2)
         if low_scale == guidance_scale:
             return high_fn
         low_fn = super().guided_velocity_fn(cond, low_scale, negative_cond)

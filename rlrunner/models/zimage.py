@@ -30,7 +30,6 @@ import torch
 
 from rlrunner.algorithms.samplers import VelocityFn
 from rlrunner.models.base import Cond, FlowModel
-from rlrunner.models.loading import hold_pipeline
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.ragged_text import concat_padded, stack_ragged, unstack_ragged
 from rlrunner.models.schedules import token_shift_mu
@@ -72,11 +71,8 @@ class ZImageFlowModel(FlowModel):
     # schedulers' shifts differ, but a fine-tune may change that), so auto is cfg; at guidance_scale 1 that is one
     # pass, the same as none, and the Turbo recipe says none
     guidance_kinds = ("cfg", "none")
-
-    def __init__(self, pipe: Any, family_cfg: Any, *, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(family_cfg, device=device, dtype=dtype)
-        hold_pipeline(self, pipe)
-        self._setup_transformer()
+    # the pipeline's guidance_scale g is rlrunner's s - 1 (module docstring); cfg_normalization may scale it down
+    guidance_combine = "pos + (s - 1) (pos - neg)"
 
     @classmethod
     def sample_shapes(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> SampleShapes:

@@ -63,10 +63,11 @@ class Objective(abc.ABC):
         return self.sample(model, cond, noise), {}
 
     def sample(self, model: FlowModel, cond: dict[str, Tensor], noise: Tensor, **kwargs: Any) -> Tensor:
-        """:meth:`FlowModel.sample` with the recipe's training sampler, steps, guidance and :attr:`sampling_adapter`."""
-        family = self.family
+        """:meth:`FlowModel.sample` with the recipe's training sampler and steps, the model's resolved guidance
+        (``model.resolved_guidance``) and :attr:`sampling_adapter`."""
+        family, guidance = self.family, model.resolved_guidance
         return model.sample(cond, noise, sampler=family.train_sampler, num_steps=family.num_steps,
-                            guidance_scale=family.guidance_scale, guidance_scale_2=family.guidance_scale_2,
+                            guidance_scale=guidance.scale, guidance_scale_2=guidance.scale_2,
                             adapter=self.sampling_adapter, **kwargs)
 
     def begin_update(self, model: FlowModel) -> None:

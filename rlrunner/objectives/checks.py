@@ -89,8 +89,9 @@ def check_algorithm(cfg: DictConfig, ctx: Context) -> None:
 
 
 def check_flow_grpo(cfg: DictConfig, ctx: Context) -> None:
-    """flow_grpo's rollout is its own Euler(-Maruyama) integrator without guidance, with one advantage per sample,
-    and its SDE window lies within the sampling steps."""
+    """flow_grpo's rollout is its own Euler(-Maruyama) integrator without classifier-free guidance (the recipe's,
+    resolved from its model folder: ``ctx.resolved["guidance"]``, after the model's checks), with one advantage per
+    sample, and its SDE window lies within the sampling steps."""
     alg = cfg.algorithm
     if alg.name != "flow_grpo":
         return
@@ -101,9 +102,7 @@ def check_flow_grpo(cfg: DictConfig, ctx: Context) -> None:
     if family.train_sampler != "euler":
         _fail(f"{key}.train_sampler={family.train_sampler!r} but algorithm.name=flow_grpo samples with Euler(-Maruyama) "
               f"steps (SDE on the trained steps, Euler elsewhere); set {key}.train_sampler=euler")
-    from rlrunner.models import model_class
-
-    if family.guidance_scale > 1 and model_class(cfg.actor.model.model_type).resolved_guidance(family) == "cfg":
+    if ctx.resolved["guidance"].passes > 1:
         _fail(f"{key}.guidance_scale={family.guidance_scale} but algorithm.name=flow_grpo trains without classifier-free "
               f"guidance (its loss recomputes the sampled step's unguided log-probability); set {key}.guidance_scale=1")
     if alg.adv_type != "grpo":

@@ -57,7 +57,7 @@ class FlowGRPOObjective(Objective):
         trained = choose_steps(sde_steps, self.draws(), generator=generator)
         # the recipe's scale: validate rejects cfg above 1, and embedded guidance (FLUX.1-dev) is a model input that
         # the loss's velocity (FlowModel.velocity) feeds at this scale too, so log-probs are of the same policy
-        velocity_fn = model.guided_velocity_fn(cond, float(self.family.guidance_scale))
+        velocity_fn = model.guided_velocity_fn(cond, model.resolved_guidance.scale)
         with model.use_adapter(self.sampling_adapter):
             x0, record = sde_sample(velocity_fn, noise, model.sigmas(self.num_steps, noise.device), sde_steps,
                                     float(alg.flow_grpo_noise_level), generator, record_steps=trained)

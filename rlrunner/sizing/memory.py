@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rlrunner.models import model_class
+from rlrunner.models.guidance import Guidance
 from rlrunner.models.shapes import SampleShapes
 from rlrunner.objectives import build_objective
 from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
@@ -81,6 +82,7 @@ class ModelSizes:
     hidden_size: int | None  # transformer width h (None: not a transformer, e.g. the tiny UNet)
     num_layers: int | None  # blocks of one denoiser (each sample runs through one expert's)
     experts: int = 1  # denoisers routed by sigma (Wan2.2 A14B: 2), all held on the device
+    guidance: Guidance | None = None  # the recipe's guidance on this folder (FlowModel.resolve_guidance)
 
     def cond_bytes(self, rows: int) -> int:
         """Conditioning of ``rows`` samples (or prompts): every tensor of :attr:`SampleShapes.cond`."""
@@ -118,6 +120,7 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     configs = {name: component.config for name, component in components.items()} | {"model_index": index}
     try:
         shapes = family.sample_shapes(family_cfg, configs)
+        guidance = family.resolve_guidance(family_cfg, configs)
     except KeyError as err:
         raise ModelFolderError(f"{folder}: the component configs lack {err}; is it a {model_cfg.model_type} "
                                f"model folder (model_index.json lists {sorted(components)})?") from None
@@ -151,6 +154,7 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
         hidden_size=width if isinstance(width, int) else None,
         num_layers=blocks if denoiser_name == "transformer" else None,
         experts=len(denoisers),
+        guidance=guidance,
     )
 
 
@@ -180,18 +184,18 @@ class StepGeometry:
         return self.samples // self.rollout_rounds // (self.rollout_workers // self.rollout_cp)
 
 
-def step_geometry(cfg: Any, placement: Any) -> StepGeometry:
+def step_geometry(cfg: Any, placement: Any, guidance: Guidance) -> StepGeometry:
+    """The step's batch sizes for ``cfg`` on ``placement``; ``guidance`` (:attr:`ModelSizes.guidance`) says how many
+    denoiser passes a rollout step runs (2 for classifier-free guidance: negative and conditional halves)."""
     rollout_workers = placement.num_workers("rollout")
     prompts = cfg.env.train.total_num_envs // cfg.algorithm.group_size * cfg.env.train.rollout_epoch
     shards = rollout_workers // cfg.rollout.context_parallel_size
     rounds = 2 if cfg.runner.async_reward and prompts % (2 * shards) == 0 else 1
     family = cfg.actor.model[cfg.actor.model.model_type]
-    # rollouts run the denoiser twice per step only for cfg (embedded guidance is a model input, one pass)
-    two_pass = family.guidance_scale > 1 and model_class(cfg.actor.model.model_type).resolved_guidance(family) == "cfg"
     return StepGeometry(
         samples=cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch, group_size=cfg.algorithm.group_size,
         rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_rounds=rounds,
-        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=2 if two_pass else 1,
+        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=guidance.passes,
         num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
         kept_latents=build_objective(cfg.algorithm, family).kept_latents_per_sample(),
         actor_cp=cfg.actor.context_parallel_size, rollout_cp=cfg.rollout.context_parallel_size,

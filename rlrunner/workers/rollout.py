@@ -109,9 +109,10 @@ class RolloutWorker:
                 derive_seed(self.seed, "rollout-sde", self.group, step, round_index))
             x0, kept = self.objective.rollout(self.model, cond_per_sample, noise, generator_on_device)
         else:
+            guidance = self.model.resolved_guidance
             x0 = self.model.sample(cond_per_sample, noise, sampler=cfg.eval_sampler, num_steps=cfg.eval_num_steps,
-                                   guidance_scale=cfg.eval_guidance_scale,
-                                   guidance_scale_2=cfg.eval_guidance_scale_2, adapter=TRAINED_ADAPTER)
+                                   guidance_scale=guidance.eval_scale, guidance_scale_2=guidance.eval_scale_2,
+                                   adapter=TRAINED_ADAPTER)
         if not self.leads_group:
             return None
         images = torch.from_numpy(np.ascontiguousarray(self.model.decode(x0)))
