@@ -6,7 +6,9 @@ calls that need the GCS (removing a placement group) then retry until the driver
 60 s and ends the process with status 1, before the launcher can print how the run ended (README "Preemption and
 recovery"). So teardown asks first whether the GCS still accepts connections (:func:`gcs_reachable`, at most
 :data:`GCS_PROBE_S`) and skips what needs it when not: the actors and the placement group went with it. What it still
-calls runs at most :data:`TEARDOWN_CALL_S` (a GCS that dies during the call), then is left behind.
+calls runs at most :data:`TEARDOWN_CALL_S` (a GCS that dies during the call), then is left behind. The raylet goes
+with the GCS, and Ray ends a process at once that then touches its object store: so after a lost worker the groups
+of :mod:`rlrunner.cluster.ray_backend` probe the GCS before each call too, and raise WorkerLost when it is gone.
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ def gcs_reachable(timeout_s: float = GCS_PROBE_S) -> bool:
     (False when not connected). A GCS that was stopped refuses at once; one on a lost node times out."""
     import ray
 
-    if not ray.is_initialized():
-        return False
+    return ray.is_initialized() and accepts_connections(ray.get_runtime_context().gcs_address, timeout_s)
+
+
+def accepts_connections(address: str, timeout_s: float) -> bool:
+    """Whether ``address`` (``host:port``, ``[v6]:port``) accepts a TCP connection within ``timeout_s``."""
+    host, _, port = address.rpartition(":")
     try:
-        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
             return True
-    except (OSError, ValueError):  # refused, timed out, unreachable, or no address
+    except (OSError, ValueError):  # refused, timed out, unreachable, or no port
         return False
 
 
