@@ -37,6 +37,7 @@ from rlrunner.cluster.distributed import worker_env
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, PlacementError, format_devices, parse_placement
 from rlrunner.cluster.ray_host import host_actor
+from rlrunner.cluster.ray_teardown import gcs_reachable, kill_hosts, release
 from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
 from rlrunner.cluster.shipping import job_runtime_env, setup_failure
 from rlrunner.utils.threads import thread_env
@@ -90,6 +91,7 @@ class RayWorkerGroup(WorkerGroup):
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
         import ray
 
+        self._check_ray(method)
         payload = ray.put((args, kwargs))  # serialised once, shared by every rank
         return self._submit(method, [(rank, payload) for rank in range(self.world_size)])
 
@@ -97,21 +99,26 @@ class RayWorkerGroup(WorkerGroup):
         self, method: str, per_rank_args: Sequence[tuple], per_rank_kwargs: Sequence[dict] | None = None, *,
         per_rank_parts: Sequence[Sequence[Callable[[Any], Any]]] | None = None,
     ) -> PendingCall:
+        self._check_ray(method)
         per_rank = self._per_rank(method, per_rank_args, per_rank_kwargs, per_rank_parts)
         return self._submit(method, list(enumerate(per_rank)), per_rank_parts)
 
     def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
         self._check_rank(rank)
+        self._check_ray(method)
         return self._submit(method, [(rank, (args, kwargs))])
 
     def shutdown(self) -> None:
-        import ray
-
-        for host in self._hosts:
-            with contextlib.suppress(Exception):  # already dead, or Ray is going down
-                ray.kill(host, no_restart=True)
+        kill_hosts(self._hosts)
         self._hosts = []
         self._cluster._forget(self)
+
+    def _check_ray(self, method: str) -> None:
+        """After a lost worker, before calling Ray: raise WorkerLost when Ray's GCS is gone (a signal that reached
+        Ray's own services too), for the raylet went with it and Ray ends a process that touches its object store."""
+        if self._cluster._worker_lost and self._hosts and not gcs_reachable():
+            raise WorkerLost(self.role, 0, self.node_ips[0], f"was not called for {method!r}: Ray's GCS is gone "
+                             "(did the signal reach Ray's own services too?)")
 
     def _submit(self, method: str, per_rank: list[tuple[int, Any]], parts: Sequence | None = None) -> PendingCall:
         if not self._hosts:
@@ -125,7 +132,11 @@ class RayWorkerGroup(WorkerGroup):
         return RayPendingCall(self, method, refs, len(parts[0]))
 
     def _gather(self, method: str, refs: list[tuple[int, Any]], timeout_s: float | None) -> list[Any]:
-        return gather(self.role, self.node_ips, method, refs, timeout_s or self._cluster.worker_timeout_s)
+        try:
+            return gather(self.role, self.node_ips, method, refs, timeout_s or self._cluster.worker_timeout_s)
+        except WorkerError:
+            self._cluster._worker_lost = True  # from now on each call first checks that Ray itself is still there
+            raise
 
 
 def gather(role: str, ips: Sequence[str], method: str, refs: list[tuple[int, Any]], timeout_s: float,
@@ -193,6 +204,7 @@ class RayCluster(Cluster):
     def __init__(self, cluster_cfg: Any, placement: Placement | None = None) -> None:
         self._started_ray = False
         self._pg = None
+        self._worker_lost = False  # a worker failed since the placement group was placed (RayWorkerGroup._check_ray)
         self.cpus_per_worker = float(getattr(cluster_cfg, "cpus_per_worker", 1.0))
         try:
             placement, cluster_name = self._connect(cluster_cfg, placement)
@@ -260,6 +272,7 @@ class RayCluster(Cluster):
                 self._slots_used = {d: 0 for d in self.placement.used_devices}
                 probe = min(REJOIN_PROBE_S, max(deadline - time.monotonic(), 1.0))
                 self._pg, self._bundle_index = self._create_placement_group(probe, "cluster.rejoin_timeout_s")
+                self._worker_lost = False
                 return
             except (PlacementError, _NotPlaced) as err:
                 if time.monotonic() >= deadline:
@@ -343,7 +356,7 @@ class RayCluster(Cluster):
             ]
             gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s, nodes=names)
         except BaseException:  # includes KeyboardInterrupt: never leak actors or slots
-            self._kill(hosts)
+            kill_hosts(hosts)
             for d in devices:
                 self._slots_used[d] -= 1
             raise
@@ -370,14 +383,6 @@ class RayCluster(Cluster):
         options = worker_resources(self.placement, device, self.device_type, self.cpus_per_worker)
         return host_actor().options(scheduling_strategy=strategy, name=name, **options).remote()
 
-    @staticmethod
-    def _kill(hosts: list[Any]) -> None:
-        import ray
-
-        for host in hosts:
-            with contextlib.suppress(Exception):
-                ray.kill(host, no_restart=True)
-
     def _forget(self, group: WorkerGroup) -> None:
         if group in self._groups:
             for d in group.devices:
@@ -385,12 +390,5 @@ class RayCluster(Cluster):
         super()._forget(group)
 
     def _release(self) -> None:
-        import ray
-
-        if self._pg is not None:
-            with contextlib.suppress(Exception):  # Ray may already be gone
-                ray.util.remove_placement_group(self._pg)
-        self._pg = None
-        if self._started_ray and ray.is_initialized():
-            ray.shutdown()
-        self._started_ray = False
+        release(self._pg, self._started_ray)  # skips what needs a GCS that is gone, never blocks for long
+        self._pg, self._started_ray = None, False

@@ -19,6 +19,7 @@ from cluster_toys import BrokenInit, Counter, DataParallel, PortCheckedBeforeJoi
 
 from rlrunner.cluster import WorkerError, WorkerLocation, create_cluster
 from rlrunner.cluster.ray_backend import RayCluster
+from rlrunner.cluster.ray_teardown import gcs_reachable
 
 pytestmark = pytest.mark.ray
 
@@ -205,6 +206,10 @@ def test_killed_worker_is_reported_within_bounded_time(cluster, counters):
         counters.call("value")  # the dead worker stays dead, reported at once
     counters.shutdown()
     assert counters not in cluster.groups
+
+
+def test_the_gcs_of_the_ray_it_started_is_reachable(cluster):
+    assert gcs_reachable()  # so teardown gives the placement group back and kills the actors
 
 
 def test_shutdown_kills_workers_and_stops_the_ray_it_started(cluster):
