@@ -111,8 +111,6 @@ class ImageStatsReward(PixelReward):
     Images with at most ``min_flat`` of their patches flat score 1, images with ``max_flat`` or more score 0.
     """
 
-    name = "image_stats"
-
     def __init__(self, spec: RewardConfig, min_flat: float = 0.5, max_flat: float = 0.95, flat_std: float = 3.0) -> None:
         super().__init__(spec)
         if not 0.0 <= min_flat < max_flat <= 1.0:
@@ -133,8 +131,6 @@ class JpegCompressibilityReward(PixelReward):
     no model and differs between samples even for pure noise, so it checks that a new setup learns before an
     expensive reward is plugged in.
     """
-
-    name = "jpeg_compressibility"
 
     def __init__(self, spec: RewardConfig, bits_scale: float = 4.0, quality: int = 95) -> None:
         super().__init__(spec)

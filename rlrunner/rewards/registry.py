@@ -171,11 +171,14 @@ REWARD_TYPES: dict[str, RewardBuilder] = {}
 
 
 def register_reward(name: str) -> Callable[[RewardBuilder], RewardBuilder]:
-    """Decorator: make ``reward.model: <name>`` build this class (or factory) from a ``RewardConfig``."""
+    """Decorator: make ``reward.model: <name>`` build this class (or factory) from a ``RewardConfig``; a
+    :class:`Reward` class is given that ``name`` (its part's name in ``RewardOutput.parts`` and the logs)."""
 
     def wrap(builder: RewardBuilder) -> RewardBuilder:
         if name in REWARDS:
             raise ValueError(f"Reward {name!r} is already registered")
+        if isinstance(builder, type) and issubclass(builder, Reward):
+            builder.name = name
         REWARDS[name] = builder
         return builder
 

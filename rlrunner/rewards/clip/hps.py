@@ -104,7 +104,6 @@ class HpsV2Reward(ClipScoreReward):
     """HPSv2.1: ``cos(image, text)`` of the converted ViT-H-14 (``reward.model_path``: ``HPS_v2.1_compressed.pt``,
     its folder, or the hub id ``xswu/HPSv2``; ``processor_path``: the ViT-H-14 tokenizer)."""
 
-    name = "hpsv2"
     default_model = "xswu/HPSv2"
     default_processor = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 

@@ -121,7 +121,6 @@ class PickScoreReward(ClipReward):
     """``exp(logit_scale) · cos(text, image) / 26`` (about 0.7-0.9 for SD3 images; weights
     ``yuvalkirstain/PickScore_v1``, processor ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``)."""
 
-    name = "pickscore"
     default_model = "yuvalkirstain/PickScore_v1"
     default_processor = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 
@@ -133,7 +132,6 @@ class PickScoreReward(ClipReward):
 class ClipScoreReward(ClipReward):
     """``cos(text, image)`` of CLIP ViT-L/14 (about 0.2-0.4; ``openai/clip-vit-large-patch14``)."""
 
-    name = "clipscore"
     default_model = "openai/clip-vit-large-patch14"
 
     def formula(self, image: torch.Tensor, text: torch.Tensor | None) -> torch.Tensor:
@@ -152,7 +150,6 @@ class AestheticReward(ClipReward):
     of christophschuhmann/improved-aesthetic-predictor) on the normalised CLIP ViT-L/14 image embedding; about 1-10.
     """
 
-    name = "aesthetic"
     default_model = "openai/clip-vit-large-patch14"
     uses_text = False
 

@@ -31,7 +31,6 @@ from . import scoring
 class GenEvalReward(ServiceReward):
     """GenEval partial credit per image (``avg`` ``[B]``; frames ``[B, K]`` chunks, each frame scored as an image)."""
 
-    name = "geneval"
     uses_metadata = True
     address_hint = "the GenEval detector server (e.g. http://127.0.0.1:18085; see rlrunner/rewards/geneval/README.md)"
 

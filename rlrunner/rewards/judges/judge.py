@@ -13,7 +13,7 @@ with the prompt (``reward.judge_prompt`` overrides the template), ``temperature:
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,8 +32,9 @@ UNPARSABLE = "unparsable judge reply"
 class VlmJudgeReward(ServiceReward):
     """A VLM's judgement of each image against its prompt, in [0, 1]; ``avg`` ``[B]`` (frames: ``[B, K]`` chunks).
 
-    Subclasses set ``template``, ``max_tokens`` and ``parse`` (chat-completions answer -> score); ``extra["replies"]``
-    holds each image's reply text (video: ``B`` lists of ``F``).
+    Subclasses set ``template``, ``max_tokens`` and how a reply becomes a score: ``score_text`` (the reply's text ->
+    score, raising ``parsers.UnparsableReply``), or ``parse`` where the score is not in the text (the yes/no judge
+    reads logprobs); ``extra["replies"]`` holds each image's reply text (video: ``B`` lists of ``F``).
     """
 
     template: ClassVar[str] = ""
@@ -46,9 +47,11 @@ class VlmJudgeReward(ServiceReward):
         parsers.fill_template(self.prompt_template, "")  # a bad override fails here, before any rollout
         super().__init__(spec)
 
-    @abstractmethod
+    score_text: ClassVar[Callable[[str], float]]
+
     def parse(self, body: Any) -> float:
         """The score in [0, 1] of one chat-completions answer; raises ``parsers.UnparsableReply``."""
+        return type(self).score_text(parse_chat_text(body))
 
     def request_options(self) -> dict[str, Any]:
         """Extra chat-completions fields (the yes/no judge asks for logprobs)."""
@@ -95,29 +98,22 @@ class VlmJudgeReward(ServiceReward):
 class UnifiedRewardJudge(VlmJudgeReward):
     """UnifiedReward 1.5: ``Final Score: x`` (1..5) -> ``x / 5``."""
 
-    name = "unifiedreward"
     template = parsers.UNIFIEDREWARD_TEMPLATE
-
-    def parse(self, body: Any) -> float:
-        return parsers.parse_final_score(parse_chat_text(body))
+    score_text = parsers.parse_final_score
 
 
 @register_reward("unifiedreward2")
 class UnifiedReward2Judge(VlmJudgeReward):
     """UnifiedReward 2.0: Alignment, Coherence and Style (1..5 each) -> ``(mean − 1) / 4``."""
 
-    name = "unifiedreward2"
     template = parsers.UNIFIEDREWARD2_TEMPLATE
-
-    def parse(self, body: Any) -> float:
-        return parsers.parse_three_axes(parse_chat_text(body))
+    score_text = parsers.parse_three_axes
 
 
 @register_reward("vlm_yesno")
 class YesNoJudge(VlmJudgeReward):
     """``P(yes) / (P(yes) + P(no))`` of the reply's first token, from ``reward.top_logprobs`` returned logprobs."""
 
-    name = "vlm_yesno"
     template = parsers.YESNO_TEMPLATE
     max_tokens = 1
 

@@ -186,8 +186,6 @@ class OcrReward(Reward):
     call may take; the images of a call past it score 0, counted in ``errors``).
     """
 
-    name = "ocr"
-
     def __init__(self, spec: RewardConfig, engines: EnginePool | None = None) -> None:
         super().__init__(spec)
         self.engines = engines if engines is not None else EnginePool(spec)

@@ -26,8 +26,6 @@ class VideoOcrReward(OcrReward):
     in batches of ``batch_size``.
     """
 
-    name = "video_ocr"
-
     def __call__(self, images: np.ndarray, prompts: list[str]) -> RewardOutput:
         images = np.asarray(images)
         if images.ndim != 5:

@@ -42,7 +42,6 @@ class VlmOcrReward(ServiceReward):
     ``extra["texts"]`` holds each image's transcription (video: ``B`` lists of ``F``).
     """
 
-    name = "vlm_ocr"
     address_key, secret_key, health_path = "base_url", "api_key_file", "/models"
     address_hint = "e.g. http://127.0.0.1:8001/v1"
 

@@ -34,7 +34,6 @@ from .wire import MalformedMessage, encode_image, encoded_size_bound, parse_scor
 class RemoteReward(ServiceReward):
     """Client of a reward server; ``avg`` ``[B]`` for images, ``[B, K]`` chunk rewards for frames ``[B, F, ...]``."""
 
-    name = "remote"
     address_hint = "e.g. http://127.0.0.1:8000 (start the server with: bin/rlrunner serve_reward --reward ocr)"
 
     def __init__(self, spec: RewardConfig) -> None:
