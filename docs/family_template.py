@@ -59,6 +59,8 @@ class TemplateFlowModel(FlowModel):
     lora_target_modules = MMDIT_LORA_TARGETS
     #: the guidance kinds the pipeline has; the first is what ``guidance: auto`` means (guidance_kind may refine it)
     guidance_kinds = ("cfg",)
+    #: the most prompt tokens its text encoder reads, and what sets that (``check_pipeline`` refuses more)
+    max_text_tokens, max_text_tokens_source = 512, "T5's"
 
     # ------------------------------------------------------------------ build hooks, in call order
     @classmethod
@@ -70,10 +72,9 @@ class TemplateFlowModel(FlowModel):
 
     def check_pipeline(self, pipe: Any) -> None:
         """2. Refuse settings the pipeline cannot run. May assume ``self.cfg`` (the family settings), ``device``,
-        ``dtype`` and the loaded ``pipe``; nothing is held yet. One line: the key, the value, what is expected."""
-        if int(self.cfg.max_sequence_length) > 512:
-            raise ValueError(f"actor.model.{self.model_type}.max_sequence_length={self.cfg.max_sequence_length} "
-                             f"exceeds T5's 512 tokens")
+        ``dtype`` and the loaded ``pipe``; nothing is held yet. One line: the key, the value, what is expected. The
+        default refuses a ``max_sequence_length`` over ``max_text_tokens``: add the family's own refusals after it."""
+        super().check_pipeline(pipe)
 
     @classmethod
     def guidance_kind(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> str:

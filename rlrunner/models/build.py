@@ -86,6 +86,10 @@ class BuildHooks:
 
     model_type: str
     guidance_kinds: tuple[str, ...]
+    #: the most prompt tokens the family's text encoder reads (``max_sequence_length``; 0: no bound here), and what
+    #: sets it, for the error (``"T5's"``)
+    max_text_tokens: int = 0
+    max_text_tokens_source: str = "the text encoder's"
 
     @classmethod
     def load_pipeline(cls, model_path: str, dtype: torch.dtype, denoiser_only: bool) -> Any:
@@ -95,7 +99,13 @@ class BuildHooks:
         return pipe
 
     def check_pipeline(self, pipe: Any) -> None:
-        """Step 2: refuse (``ValueError``, one line) settings this family cannot run on ``pipe``; nothing here."""
+        """Step 2: refuse (``ValueError``, one line) settings this family cannot run on ``pipe``; here, a
+        ``max_sequence_length`` over :attr:`max_text_tokens`."""
+        tokens = int(self.cfg.max_sequence_length)
+        if self.max_text_tokens and tokens > self.max_text_tokens:
+            raise ValueError(f"actor.model.{self.model_type}.max_sequence_length={tokens} exceeds "
+                             f"{self.max_text_tokens_source} {self.max_text_tokens} tokens; use at most "
+                             f"{self.max_text_tokens}")
 
     @classmethod
     def guidance_kind(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> str:

@@ -73,10 +73,7 @@ class QwenImageFlowModel(FlowModel):
     lora_loader_class_name = "QwenImageLoraLoaderMixin"
     vae_class_name = "AutoencoderKLQwenImage"
     lora_target_modules = MMDIT_LORA_TARGETS
-
-    def check_pipeline(self, pipe: Any) -> None:
-        if int(self.cfg.max_sequence_length) > 1024:
-            raise ValueError(f"qwen_image max_sequence_length {self.cfg.max_sequence_length} exceeds 1024")
+    max_text_tokens, max_text_tokens_source = 1024, "QwenImagePipeline's"
 
     @classmethod
     def guidance_kind(cls, family_cfg: Any, configs: dict[str, dict[str, Any]]) -> str:

@@ -36,10 +36,7 @@ class SD3FlowModel(FlowModel):
     text_encoder_names = ("text_encoder", "text_encoder_2", "text_encoder_3")
     vae_class_name = "AutoencoderKL"
     lora_target_modules = MMDIT_LORA_TARGETS
-
-    def check_pipeline(self, pipe: Any) -> None:
-        if int(self.cfg.max_sequence_length) > 512:
-            raise ValueError(f"sd3 max_sequence_length {self.cfg.max_sequence_length} exceeds T5's 512")
+    max_text_tokens, max_text_tokens_source = 512, "T5's"
 
     @classmethod
     def lora_exclude_modules(cls, denoiser: torch.nn.Module) -> tuple[str, ...]:

@@ -62,3 +62,18 @@ def test_a_folder_guidance_or_resolution_the_family_cannot_take_is_one_line(fami
     with pytest.raises(RecipeError) as err:
         family_recipe(model_type, *overrides)
     assert expected in _one_line(err)
+
+
+@pytest.mark.parametrize("family, limit, source", [("sd3", 512, "T5's"), ("qwen_image", 1024, "QwenImagePipeline's")])
+def test_a_family_refuses_more_prompt_tokens_than_its_text_encoder_reads(family, limit, source):
+    from omegaconf import OmegaConf
+
+    from rlrunner.models import model_class
+
+    model = model_class(family).__new__(model_class(family))  # the check reads the settings alone
+    model.cfg = OmegaConf.create({"max_sequence_length": limit})
+    model.check_pipeline(pipe=None)
+    model.cfg = OmegaConf.create({"max_sequence_length": limit + 1})
+    with pytest.raises(ValueError, match=f"^actor.model.{family}.max_sequence_length={limit + 1} exceeds {source} "
+                                         f"{limit} tokens; use at most {limit}$"):
+        model.check_pipeline(pipe=None)
