@@ -22,18 +22,9 @@ devices) are in ``checks.py``.
 May import: rlrunner.config, rlrunner.utils
 """
 
-from rlrunner.cluster.base import (
-    Cluster,
-    CollectiveFailed,
-    Handle,
-    PendingCall,
-    WorkerError,
-    WorkerGroup,
-    WorkerLocation,
-    WorkerLost,
-    WorkerTimedOut,
-)
+from rlrunner.cluster.base import Cluster, Handle, PendingCall, WorkerGroup, WorkerLocation
 from rlrunner.cluster.distributed import init_distributed
+from rlrunner.cluster.errors import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut
 from rlrunner.cluster.factory import BACKENDS, create_cluster
 from rlrunner.cluster.placement import COMPONENTS, Placement, PlacementError, format_devices, parse_placement
 from rlrunner.cluster.report import write_placement_report

@@ -16,16 +16,9 @@ from typing import Any
 
 import torch
 
-from rlrunner.cluster.base import (
-    Cluster,
-    PendingCall,
-    WorkerError,
-    WorkerGroup,
-    WorkerLocation,
-    last_line,
-    split_parts,
-)
+from rlrunner.cluster.base import Cluster, PendingCall, WorkerGroup, WorkerLocation, split_parts
 from rlrunner.cluster.distributed import IN_PROCESS_ENV, find_free_port, worker_env
+from rlrunner.cluster.errors import WorkerError, last_line
 from rlrunner.cluster.placement import Placement, parse_placement
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
 

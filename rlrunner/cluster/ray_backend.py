@@ -22,18 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlrunner.cluster.base import (
-    Cluster,
-    CollectiveFailed,
-    PendingCall,
-    WorkerError,
-    WorkerGroup,
-    WorkerLocation,
-    WorkerLost,
-    WorkerTimedOut,
-    last_line,
-)
+from rlrunner.cluster.base import Cluster, PendingCall, WorkerGroup, WorkerLocation
 from rlrunner.cluster.distributed import worker_env
+from rlrunner.cluster.errors import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut, last_line
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, PlacementError, format_devices, parse_placement
 from rlrunner.cluster.ray_host import host_actor

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rlrunner.cluster.base import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut
+from rlrunner.cluster.errors import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut
 
 # exception type -> the cause a restart record names; a type not here is not cured by a restart
 RECOVERABLE: dict[type[WorkerError], str] = {
