@@ -101,6 +101,15 @@ def missing_engine_error(name: str, err: Exception | None = None) -> ImportError
     return ImportError(f"OCR engine {name!r} is not installed{detail}. Install it with: {INSTALL_HINT[name]}")
 
 
+def import_engine(name: str, module: str) -> Any:
+    """``module`` of OCR engine ``name``'s package, imported when the engine is built; an ImportError that says how
+    to install it otherwise."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise missing_engine_error(name, err) from err
+
+
 def installed_engines() -> list[str]:
     """Registered engines whose package is importable, in ``auto`` preference order."""
     return [name for name, package in AUTO_ORDER if name in ENGINES and _is_installed(package)]
@@ -165,12 +174,8 @@ class RapidOcrEngine(OcrEngine):
 
     def __init__(self, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16,
                  ocr_version: str = "PP-OCRv4") -> None:
-        try:
-            import rapidocr
-            from rapidocr.utils.process_img import get_rotate_crop_image
-        except ImportError as err:
-            raise missing_engine_error("rapidocr", err) from err
-        self._crop = get_rotate_crop_image
+        rapidocr = import_engine("rapidocr", "rapidocr")
+        self._crop = import_engine("rapidocr", "rapidocr.utils.process_img").get_rotate_crop_image
         params: dict[str, Any] = {
             "Global.log_level": "error",
             "Global.use_cls": False,
@@ -255,10 +260,7 @@ class PaddleOcrEngine(OcrEngine):
 
     def __init__(self, lang: str = "en", use_gpu: bool = False, num_threads: int = 0, batch_size: int = 16,
                  ocr_version: str = "PP-OCRv4") -> None:
-        try:
-            import paddleocr
-        except ImportError as err:
-            raise missing_engine_error("paddleocr", err) from err
+        paddleocr = import_engine("paddleocr", "paddleocr")
         self._module = paddleocr
         version = str(getattr(paddleocr, "__version__", "3"))
         self._v3 = int(version.split(".")[0]) >= 3
