@@ -90,13 +90,22 @@ def _describe_omegaconf_error(err: OmegaConfBaseException, schema: DictConfig, s
     return RecipeError(" ".join(part for part in (f"{source}:", key, str(err).splitlines()[0]) if part))
 
 
+def _without_hydra_prefix(item: str) -> str:
+    """``+key=value`` / ``++key=value`` as ``key=value``: hydra's ``+`` adds a key the schema lacks and ``++`` sets a
+    key whether or not it is there; every key of a recipe is in the struct schema (which names an unknown one), so
+    both mean plain assignment here."""
+    return item[2:] if item.startswith("++") else item[1:] if item.startswith("+") else item
+
+
 def parse_overrides(overrides: list[str]) -> DictConfig:
-    """``["actor.optim.lr=1e-4", "algorithm.nft_tau=[1.0,0.01,0,70]"]`` → a nested config."""
+    """``["actor.optim.lr=1e-4", "algorithm.nft_tau=[1.0,0.01,0,70]"]`` → a nested config (hydra's
+    ``+key=value`` and ``++key=value`` are ``key=value``)."""
+    overrides = [_without_hydra_prefix(item) for item in overrides]
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise RecipeError(f"override {item!r} is not of the form dotted.key=value (e.g. actor.optim.lr=1e-4)")
     try:
-        return OmegaConf.from_dotlist(list(overrides))
+        return OmegaConf.from_dotlist(overrides)
     except (OmegaConfBaseException, yaml.YAMLError) as err:  # values are read as YAML: '"', '[', control chars
         raise RecipeError(f"cannot parse overrides {overrides}: {str(err).splitlines()[0]}") from None
 

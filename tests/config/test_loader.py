@@ -143,3 +143,16 @@ def test_shipped_recipes_are_valid(name, monkeypatch):
 
 def load_recipe_yaml(name: str) -> dict:
     return yaml.safe_load((ROOT / "examples/diffusion/config" / f"{name}.yaml").read_text())
+
+
+def test_hydra_plus_prefixes_set_a_schema_key(recipe_dir):
+    # +key adds a key in hydra; every key is in our schema, so it is plain assignment (as ++key, set-or-add)
+    cfg = load(recipe_dir, "+runner.val_check_interval=5", "++actor.optim.lr=2e-4")
+    assert cfg.runner.val_check_interval == 5
+    assert cfg.actor.optim.lr == pytest.approx(2e-4)
+
+
+def test_hydra_plus_prefix_on_an_unknown_key_names_the_key_without_the_plus(recipe_dir):
+    with pytest.raises(RecipeError, match=r"unknown key 'runner\.val_check_intervl' \(did you mean "
+                                          r"'runner\.val_check_interval'\?\)"):
+        load(recipe_dir, "+runner.val_check_intervl=5")
