@@ -33,7 +33,7 @@ def test_dry_run_prints_the_resolved_recipe_and_creates_no_log_dir(tmp_path):
 def test_help_shows_the_launchers_usage_and_lists_recipes(tmp_path):
     result = launch("--help", log_root=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: bash examples/diffusion/run_diffusion.sh")
+    assert result.stdout.startswith("usage: bin/rlrunner train")
     recipes = sorted(p.stem for p in (ROOT / "examples/diffusion/config").glob("*.yaml"))
     listing = result.stdout.split("recipes:")[1].splitlines()
     listed = [line.strip() for line in listing if line.startswith("  ") and not line.startswith("   ")]
@@ -42,6 +42,27 @@ def test_help_shows_the_launchers_usage_and_lists_recipes(tmp_path):
     description = " ".join(line.strip() for line in listing[listing.index("  tiny_awm_ocr") + 1:
                                                              listing.index("  tiny_nft_ocr")])
     assert description.startswith("The default recipe: AWM") and description.endswith("only smaller.")
+    assert not any(tmp_path.iterdir())
+
+
+def test_help_prints_whole_descriptions_with_their_indented_lines(tmp_path):
+    # a description's indented lines (a list, a sentence's continuation) are part of it; only an example command ends it
+    listing = launch("--help", log_root=tmp_path).stdout.split("recipes:")[1].splitlines()
+    sd35 = listing[listing.index("  sd35_large_nft_ocr") + 1:listing.index("  sd3_nft_geneval")]
+    assert sd35[-1].strip() == "actor.model.model_path=bench/model_configs/stable-diffusion-3.5-large)."
+    flux1 = " ".join(line.strip() for line in listing[listing.index("  flux1_dev_nft_ocr") + 1:
+                                                       listing.index("  flux2_klein_nft_ocr")])
+    assert "[FF-NFT]" in flux1 and flux1.endswith("actor.model.model_path=bench/model_configs/flux.1-dev).")
+    assert not any("run_diffusion.sh" in line for line in listing)
+
+
+@pytest.mark.parametrize("flag", [["--config-name", "tiny_nft_ocr"], ["--config-name=tiny_nft_ocr"]])
+def test_config_name_flag_names_the_run_after_that_recipe(tmp_path, flag):
+    result = launch(*flag, "--dry-run", log_root=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(rf"a run would log to {re.escape(str(tmp_path))}/\d{{8}}-\d{{6}}-tiny_nft_ocr$", result.stderr,
+                     re.MULTILINE), result.stderr
+    assert yaml.safe_load(result.stdout)["algorithm"]["name"] == "nft"
     assert not any(tmp_path.iterdir())
 
 

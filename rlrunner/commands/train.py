@@ -1,6 +1,7 @@
-"""Command-line entry point: ``python -m rlrunner.commands.train --config-name NAME [key=value ...] [--dry-run]``.
+"""Command-line entry point of ``bin/rlrunner train [--config-name] NAME [key=value ...] [--dry-run]``.
 
-``examples/diffusion/run_diffusion.sh`` calls this with ``--log-dir``; used directly, it makes
+``examples/diffusion/run_diffusion.sh`` (what ``bin/rlrunner train`` runs) calls this with ``--log-dir``; used
+directly (``python -m rlrunner.commands.train``), it makes
 ``logs/<YYYYmmdd-HHMMSS>-<config_name>/`` itself, once the recipe is valid. Either way the run copies its console
 to ``console.log`` from inside (the terminal keeps the progress bar, the log gets plain lines). User errors print
 one line and exit with status 2; a worker that raised, died or hung ends the run with status 1 and a last line
@@ -42,7 +43,7 @@ SHARED_ALGORITHM_KEYS = ("nft_tau", "nft_decay_type")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m rlrunner.commands.train",
+        prog="bin/rlrunner train",
         description="Run an rlrunner recipe (examples/diffusion/config/<name>.yaml) with dotted key=value overrides.",
     )
     parser.add_argument("--config-name", default=DEFAULT_RECIPE, help="recipe file stem or path to a .yaml")
@@ -101,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as err:
         print(f"rlrunner: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(cfg.runner.logger.log_path, args.config_name)
     if args.dry_run:  # validates and prints; creates nothing
         print(to_yaml(dry_run_view(cfg)), end="")
         print(f"rlrunner: recipe {args.config_name!r} is valid (dry run; other model families' and algorithms' "
-              "keys, other families' own settings and unset reward settings left out above)", file=sys.stderr)
+              "keys, other families' own settings and unset reward settings left out above); a run would log to "
+              f"{log_dir}", file=sys.stderr)
         return 0
-    log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(cfg.runner.logger.log_path, args.config_name)
     cfg = with_log_dir(cfg, log_dir)
     start_run_files(log_dir, cfg, args.command_line or shlex.join(["python", "-m", "rlrunner.commands.train", *argv]),
                     args.config_name)
