@@ -1,4 +1,4 @@
-"""Will it fit? ``python -m rlrunner.commands.plan <config_name> [key=value ...] [--device-memory GIB]``.
+"""Will it fit? ``bin/rlrunner plan <config_name> [key=value ...] [--device-memory GIB]``.
 
 Loads the recipe as the launcher does (prompt files are not needed), builds every component of the model folder
 on the meta device from its config files (``model_index.json`` and each component's ``config.json``; weights
@@ -150,11 +150,13 @@ def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_nam
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m rlrunner.commands.plan",
+        prog="bin/rlrunner plan",
         description="Print what each device of a recipe's placement will hold (from the model folder's config "
                     "files; no weights are read) and whether it fits.",
     )
-    parser.add_argument("config_name", help="recipe file stem (examples/diffusion/config/) or path to a .yaml")
+    # optional to argparse, so that a missing name gets our line rather than argparse's (which calls the overrides
+    # required too)
+    parser.add_argument("config_name", nargs="?", help="recipe file stem (examples/diffusion/config/) or path to a .yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.model.model_path=/models/sd35m")
     parser.add_argument("--device-memory", type=float, default=None, metavar="GIB",
                         help="memory per device in GiB to compare against (default: the accelerator visible here)")
@@ -163,6 +165,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.config_name is None:
+        print("rlrunner: error: the recipe name is missing: bin/rlrunner plan <config_name> [key=value ...]; "
+              "bin/rlrunner train --help lists the recipes", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         cfg = load_recipe(args.config_name, args.overrides, check_datasets=False)
         folder = resolve_model_folder(cfg.actor.model.model_path, Path.cwd())

@@ -1,7 +1,7 @@
-"""Serve any registered reward over HTTP: ``python -m rlrunner.commands.serve_reward --reward ocr [options]``.
+"""Serve any registered reward over HTTP: ``bin/rlrunner serve_reward --reward ocr [options]``.
 
-    python -m rlrunner.commands.serve_reward --reward ocr --engine rapidocr --set rec_only=true --set alphabet=23456789
-    python -m rlrunner.commands.serve_reward --reward ocr --host 0.0.0.0 --port 8000 --token-file reward.token --workers 4
+    bin/rlrunner serve_reward --reward ocr --engine rapidocr --set rec_only=true --set alphabet=23456789
+    bin/rlrunner serve_reward --reward ocr --host 0.0.0.0 --port 8000 --token-file reward.token --workers 4
 
 Recipes use it with ``reward.model: remote`` (``url``) or, for its OCR engine as a chat model, ``vlm_ocr``
 (``base_url: http://HOST:PORT/v1``). Security defaults: it listens on 127.0.0.1; any other address needs
@@ -32,7 +32,7 @@ EXIT_USER_ERROR = 2
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from rlrunner.rewards.serving.limits import Limits, add_limit_options
 
-    parser = argparse.ArgumentParser(prog="python -m rlrunner.commands.serve_reward", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="bin/rlrunner serve_reward", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--reward", default="ocr", help="a registered reward.model that scores images")
     parser.add_argument("--engine", default="auto", help="OCR engine: auto | rapidocr | paddleocr")

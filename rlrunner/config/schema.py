@@ -17,7 +17,7 @@ from typing import Any
 
 @dataclass
 class ClusterConfig:
-    num_nodes: int = 1
+    num_nodes: int = 1  # nodes of the Ray cluster the placement spans
     # accelerators per node; 0 = detect (GPUs/NPUs of the Ray cluster, or 1 CPU "device" without any)
     num_devices_per_node: int = 0
     # RLinf syntax: {"actor,env,rollout": "all"} or {"actor": "0-3", "rollout": "4-5", "env": "6-7"}
@@ -36,7 +36,7 @@ class ClusterConfig:
     # after a lost worker or node (runner.max_restarts): seconds to wait for the cluster to hold the placement again
     # (the node back, or another in its place) before the run stops
     rejoin_timeout_s: float = 600.0
-    # collocated components move idle models to host memory between phases
+    # collocated components move idle models to host memory between phases (RLinf: actor/rollout/env.enable_offload)
     enable_offload: bool = False
 
 
@@ -45,34 +45,37 @@ class ClusterConfig:
 
 @dataclass
 class LoggerConfig:
-    log_path: str = "logs"
+    log_path: str = "logs"  # folder the run folders go in (the launcher uses logs/ or $RLRUNNER_LOG_ROOT)
     # the run's identity: runner.resume_dir=auto resumes only a checkpoint of the same experiment, and wandb, swanlab
     # and mlflow name the run after it ("" = the recipe's name); the run folder is still named by the recipe file
     experiment_name: str = ""
     # the project (wandb, swanlab) or experiment (mlflow) that the run is filed under
     project_name: str = "rlrunner"
+    # metric trackers: tensorboard, wandb, swanlab, mlflow (metrics.jsonl is always written)
     logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
 
 
 @dataclass
 class RunnerConfig:
-    max_steps: int = -1
+    max_steps: int = -1  # training steps of the run (-1 = runner.max_epochs epochs)
+    # with max_steps -1: passes over the training prompts (each step draws total_num_envs / group_size prompts)
     max_epochs: int = -1
-    val_check_interval: int = 10
+    val_check_interval: int = 10  # evaluate on env.eval every N steps
     # also evaluate before the first step (the "before" number of a learning curve)
     val_before_train: bool = True
-    save_interval: int = 20
-    keep_last_n: int = 3
+    save_interval: int = 20  # save a checkpoint every N steps (and at the last step)
+    keep_last_n: int = 3  # checkpoints kept: older ones are deleted after each save
+    # a checkpoint or run folder to resume from; auto = the newest of this experiment; "" = a fresh run
     resume_dir: str = ""
     # resume_dir=auto refuses a checkpoint whose recipe differs in more than run length, logging, evaluation,
     # checkpointing and placement keys; true accepts any difference, a list of dotted keys accepts those
     resume_allow_changes: Any = False
     # set by the launcher to the run's folder (config.yaml records where the run really wrote); a recipe leaves it ""
     log_dir: str = ""
-    weight_sync_interval: int = 1
+    weight_sync_interval: int = 1  # send the trained adapter to the rollout workers every N steps
     # log sample grids every N steps (0 = never)
     sample_log_interval: int = 5
-    num_logged_samples: int = 16
+    num_logged_samples: int = 16  # images (or videos) in each logged sample grid
     # overlap reward scoring of batch k with the rollout of batch k+1
     async_reward: bool = True
     # roll out step k+1 (with the EMA policy of step k-1) while the actor trains on step k: for split placement,
@@ -90,7 +93,7 @@ class RunnerConfig:
     # SIGTERM/SIGINT: finish the current step, save a checkpoint and exit with status 4 (a second signal stops at
     # once); false: stop at once, as any process does
     save_on_signal: bool = True
-    seed: int = 42
+    seed: int = 42  # the run's seed: prompt order, rollout noise and eval noise derive from it
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
@@ -99,16 +102,18 @@ class RunnerConfig:
 
 @dataclass
 class AlgorithmConfig:
-    # the policy update: nft (DiffusionNFT) | flow_grpo | awm (rlrunner/objectives/)
+    # the policy update: nft (DiffusionNFT) | flow_grpo | awm (rlrunner/objectives/); RLinf: loss_type embodied_nft
     name: str = "nft"
-    group_size: int = 8
-    adv_type: str = "grpo"  # grpo | grpo_video
+    group_size: int = 8  # samples per prompt; advantages are taken within each group
+    # the advantage's shape: grpo (one per sample) | grpo_video (one per latent-frame chunk of a video)
+    adv_type: str = "grpo"
     # grpo: std normalisation "group" | "global" | "none"; grpo_video: "video" | "frame"
     advantage_mode: str = "global"
-    adv_clip_max: float = 5.0
-    nft_beta: float = 0.1
+    adv_clip_max: float = 5.0  # advantages are clipped to [-adv_clip_max, adv_clip_max] (NFT's c)
+    nft_beta: float = 0.1  # NFT's beta: how far the implicit positive/negative policies step from v_old
     nft_target_space: str = "x0"  # accepted for compatibility with RLinf recipes; x0 is the only value
     nft_weight_mode: str = "adaptive"  # adaptive | constant
+    # NFT trust region: |delta v| at most this times |v_old| per sample (null = off)
     nft_clip_ratio: float | None = None
     # EMA "old" policy: scalar tau or [start, end, s0, s1] (RLinf); ema <- (1 - tau) ema + tau theta
     nft_tau: Any = field(default_factory=lambda: [1.0, 0.01, 30, 70])
@@ -162,31 +167,31 @@ class DatasetConfig:
     type: str = "ocr"  # text prompt files; accepted for compatibility with RLinf recipes, ocr is the only value
     # a directory with <split>.txt (or .jsonl / .parquet), or a .txt, .jsonl or .parquet file
     path: str = ""
-    split: str = "train"
+    split: str = "train"  # the split's file stem in a dataset folder (<split>.txt, .jsonl or .parquet)
     # the prompt's key (.jsonl) or column (.parquet); the other keys are per-prompt metadata for the rewards
     prompt_key: str = "prompt"
 
 
 @dataclass
 class RewardConfig:
-    type: str = "single"  # single | multi
+    type: str = "single"  # single (one reward, model) | multi (the weighted parts in rewards)
     # ocr | video_ocr | image_stats | jpeg_compressibility | remote | vlm_ocr | pickscore | clipscore | aesthetic | hpsv2
     # | unifiedreward | unifiedreward2 | vlm_yesno | geneval
     model: str = "ocr"
     key: str = "ocr"  # RLinf's name of the reward's output; accepted for compatibility, not read
-    engine: str = "auto"  # auto | rapidocr | paddleocr
-    use_gpu: bool = False
-    lang: str = "en"
+    engine: str = "auto"  # the OCR engine: auto | rapidocr | paddleocr
+    use_gpu: bool = False  # run the OCR engine on the env worker's GPU (rapidocr: needs onnxruntime-gpu)
+    lang: str = "en"  # language of the OCR models (PaddleOCR's lang)
     # PP-OCR models of engine paddleocr: PP-OCRv4 (the generation the DiffusionNFT / flow_grpo scoring ran) or
     # PP-OCRv5 (PaddleOCR 3.x's own default); rapidocr runs the models its wheel ships
     ocr_version: str = "PP-OCRv4"
     rec_only: bool = False  # recognition-only OCR for single-line images
-    frame_interval: int = 4
-    batch_size: int = 16
+    frame_interval: int = 4  # video rewards: frames per chunk after frame 0; one reward per chunk (per latent frame)
+    batch_size: int = 16  # images per scoring call of the reward model or OCR engine
     # scorer threads of each env worker, each with its own OCR engine (cluster.cpus_per_worker / num_workers inference
     # threads); the driver cuts each rollout round once into num_workers slices per env worker (rlrunner/step/shares.py)
     num_workers: int = 1
-    weight: float = 1.0
+    weight: float = 1.0  # weight of this reward (a part of a multi reward: its weight in the sum)
     alphabet: str = ""  # keep only these characters of the recognised text before scoring
     rewards: list[Any] = field(default_factory=list)  # parts of a multi reward
     # type: multi -- weighted_sum (raw scores weighted, then group advantages) | per_reward_normalized (each part
@@ -196,42 +201,43 @@ class RewardConfig:
     # (hpsv2: the HPS_v2.1_compressed.pt file, or the hub id xswu/HPSv2), its tokenizer/processor ("" = model_path),
     # the aesthetic MLP head (.pth), and the dtype on the env worker's device (bf16 falls back to fp32 on CPU)
     model_path: str = ""
-    processor_path: str = ""
-    head_path: str = ""
-    precision: str = "fp32"
-    # model: remote -- a reward server (python -m rlrunner.commands.serve_reward), e.g. http://127.0.0.1:8000
+    processor_path: str = ""  # the scorer's tokenizer/processor folder or hub id ("" = model_path)
+    head_path: str = ""  # aesthetic: the MLP head's weights (.pth)
+    precision: str = "fp32"  # the scorer's dtype on the env worker's device: fp32 | bf16 | fp16 (bf16 is fp32 on CPU)
+    # model: remote -- a reward server (bin/rlrunner serve_reward), e.g. http://127.0.0.1:8000
     url: str = ""
     token_file: str = ""  # file with the server's bearer token ("" = none; the server needs one off loopback)
     # model: vlm_ocr -- an OpenAI-compatible endpoint (vLLM: http://HOST:PORT/v1) and its model name
     base_url: str = ""
-    served_model: str = ""
+    served_model: str = ""  # the model name the endpoint serves (its --served-model-name)
     api_key_file: str = ""  # file with the endpoint's API key ("" = none)
     # model: unifiedreward | unifiedreward2 | vlm_yesno (rlrunner/rewards/judges) -- the same endpoint keys;
     # judge_prompt overrides the judge's template ({prompt} = the caption); top_logprobs: tokens vlm_yesno reads
     judge_prompt: str = ""
-    top_logprobs: int = 20
+    top_logprobs: int = 20  # vlm_yesno: top tokens whose log-probabilities are read for yes/no
     # remote and vlm_ocr: seconds per attempt, retries of transient failures (exponential backoff with jitter),
     # requests in flight; required: false scores failed samples 0 (counted in env/reward_errors) and trains on.
     # ocr and video_ocr: seconds one engine call (batch_size images) may take; past it those images score 0
     timeout_s: float = 60.0
     # ocr and video_ocr: engines built to replace ones stuck in calls past timeout_s; one more stops the run
     max_engine_rebuilds: int = 8
-    max_retries: int = 3
-    max_concurrency: int = 4
-    required: bool = True
+    max_retries: int = 3  # remote and vlm_ocr: retries of a transient failure
+    max_concurrency: int = 4  # remote and vlm_ocr: requests in flight per env worker
+    required: bool = True  # remote and vlm_ocr: true stops the run on a server down at start; false scores failures 0
 
 
 @dataclass
 class VideoConfig:
-    save_video: bool = False
-    video_base_dir: str = ""
-    fps: int = 8
+    save_video: bool = False  # also write logged videos as files (mp4) beside TensorBoard's
+    video_base_dir: str = ""  # folder of the saved videos ("" = <log_dir>/videos)
+    fps: int = 8  # frame rate of logged and saved videos
 
 
 @dataclass
 class EnvSplitConfig:
+    # samples per rollout round: total_num_envs / group_size prompts (eval: prompts sampled once each)
     total_num_envs: int = 16
-    rollout_epoch: int = 1
+    rollout_epoch: int = 1  # rollout rounds per step: a step trains on total_num_envs x rollout_epoch samples
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     video_cfg: VideoConfig = field(default_factory=VideoConfig)
@@ -250,33 +256,37 @@ class EnvConfig:
 class ModelKeys:
     """The keys of ``actor.model`` besides the family sections (:data:`rlrunner.recipe.ModelConfig` adds those)."""
 
-    model_path: str = ""
+    model_path: str = ""  # the base model: a local diffusers folder or a hub id (org/name)
+    # the model family (rlrunner/models/): tiny, sd3, flux1, wan22_ti2v_5b, ...; its section holds its settings
     model_type: str = "tiny"
-    precision: str = "bf16"  # bf16 | fp16 | fp32
+    # dtype of the base model's weights (LoRA weights train in fp32): bf16 | fp16 | fp32 (RLinf:
+    # actor.fsdp_config.mixed_precision.param_dtype)
+    precision: str = "bf16"
     # true: bf16 / fp16 stay as asked on a CPU device too (slow; shows dtype mistakes without a GPU), else fp32
     half_precision_on_cpu: bool = False
-    device: str = "auto"  # auto | cpu | cuda | npu
+    device: str = "auto"  # the workers' device: auto (an accelerator if there is one) | cpu | cuda | npu
 
 
 @dataclass
 class OptimConfig:
     optimizer: str = "adamw"  # accepted for compatibility with RLinf recipes; adamw is the only value
-    lr: float = 3e-4
-    weight_decay: float = 1e-4
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    lr_scheduler: str = "constant"  # constant | cosine | linear
-    lr_warmup_steps: int = 0
+    lr: float = 3e-4  # AdamW learning rate of the LoRA weights
+    weight_decay: float = 1e-4  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW beta1 (first-moment decay)
+    adam_beta2: float = 0.999  # AdamW beta2 (second-moment decay)
+    adam_eps: float = 1e-8  # AdamW epsilon
+    clip_grad: float = 1.0  # gradients are clipped to this global norm
+    lr_scheduler: str = "constant"  # the learning rate after warm-up, over runner.max_steps: constant | cosine | linear
+    lr_warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 to lr
 
 
 @dataclass
 class ActorConfig:
-    micro_batch_size: int = 4
-    global_batch_size: int = 64
-    seed: int = 42
+    micro_batch_size: int = 4  # samples per forward/backward pass of each actor rank (gradients accumulate)
+    global_batch_size: int = 64  # samples per optimizer step over all actor ranks
+    seed: int = 42  # seed of the LoRA init and the training noise (x_t, t draws)
     # data-parallel engine of the actor ranks: ddp (one replica per rank) | fsdp2 (base weights sharded per block)
+    # (RLinf: actor.fsdp_config.strategy and sharding_strategy)
     strategy: str = "ddp"
     # with one actor rank, still form a process group (of one) and wrap the model in actor.strategy's engine, so that
     # fsdp2 shards into DTensors over a one-rank mesh: the device check exercises FSDP2 on one GPU (slower otherwise)
