@@ -94,7 +94,7 @@ def _without_hydra_prefix(item: str) -> str:
     """``+key=value`` / ``++key=value`` as ``key=value``: hydra's ``+`` adds a key the schema lacks and ``++`` sets a
     key whether or not it is there; every key of a recipe is in the struct schema (which names an unknown one), so
     both mean plain assignment here."""
-    return item[2:] if item.startswith("++") else item[1:] if item.startswith("+") else item
+    return item.removeprefix("++") if item.startswith("++") else item.removeprefix("+")
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
