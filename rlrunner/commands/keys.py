@@ -12,6 +12,7 @@ naming the nearest keys, exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import ast
 import dataclasses
 import difflib
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"nearest: {', '.join(close)}" if close else f"sections: {', '.join(sections)}"
         print(f"rlrunner: error: no recipe key {args.prefix!r} ({hint})", file=sys.stderr)
         return EXIT_USER_ERROR
-    print("\n".join(line for key in chosen for line in render(key)))
+    try:
+        print("\n".join(line for key in chosen for line in render(key)), flush=True)
+    except BrokenPipeError:  # `bin/rlrunner keys | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
