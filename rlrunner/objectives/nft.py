@@ -100,7 +100,7 @@ class NFTObjective(Objective):
         loss, metrics = nft_loss(
             v_theta, v_old, x_t, x0, t, micro.advantages.to(device), beta=alg.nft_beta, adv_clip_max=alg.adv_clip_max,
             weight_mode=alg.nft_weight_mode, target_space=alg.nft_target_space, clip_ratio=alg.nft_clip_ratio,
-            v_base=v_base, kl_coef=alg.ref_kl_coef,
+            v_base=v_base, kl_coef=alg.ref_kl_coef, adv_mode=alg.nft_adv_mode,
         )
         return loss, {**metrics, "v_old_cached": float(cached)}
 
