@@ -8,8 +8,18 @@ so an x0-prediction is ``x̂0 = x_t - t·v``. ``v_old`` comes from the EMA ("old
     x̂0± = x_t - t·v±
     w±  = 1 / clamp_min(mean|x̂0± - x0|, 1e-5)          (no gradient; weight_mode "adaptive", else 1)
     E±  = mean((x̂0± - x0)²)·w±                         per sample, or per sample and latent frame
-    r   = (clamp(A, -c, c) + c) / (2c)                  r ∈ [0, 1]
+    a   = m(clamp(A, -c, c))                             m: adv_mode (ADV_MODES), identity for "all"
+    r   = clamp((a + c) / (2c), 0, 1)                    r ∈ [0, 1]
     L   = mean((r·E+ + (1 - r)·E-)·c/β)
+
+Brake (``restore_frac``): with w± held fixed, per element ``(r·(x̂0+ - x0)²·w+ + (1 - r)·(x̂0- - x0)²·w-)·c/β`` is
+``const + 2c·k·P·d·Δv + c·β·k²·W·Δv²`` with ``k = -t``, ``P = r·w+ - (1 - r)·w-``, ``W = r·w+ + (1 - r)·w-``: a
+first-order learning signal linear in Δv and a restoring term that pulls v_θ back to v_old. Their gradients in Δv
+are ``g_learn = 2c·k·P·d`` and ``g_restore = 2c·β·k²·W·Δv``, and over the batch's elements::
+
+    restore_frac = ‖g_restore‖ / (‖g_learn‖ + ‖g_restore‖)      ∈ [0, 1], 0 at Δv = 0 (0 where both vanish)
+
+so 0.5 means the brake is as strong as the push (of the loss without trust region and anchor).
 
 Trust region (``clip_ratio`` = ρ): ``s = min(1, ρ·‖v_old‖/‖Δv‖)`` per sample (and latent frame); where s < 1 the
 clipped ``Δv_c = s·Δv`` is detached, the clipped energies use the same w±, and the per-element loss is the
@@ -29,7 +39,17 @@ Tensor = torch.Tensor
 
 WEIGHT_EPS = 1e-5  # clamp_min of the adaptive weight's denominator (official DiffusionNFT value)
 VIDEO_FRAME_DIM = 2  # latent frame axis of video latents [B, C, F, H, W]
-METRIC_KEYS = ("nft_loss", "delta_v_norm", "clip_frac", "clip_loss_frac", "E_pos_mean", "E_neg_mean", "kl")
+METRIC_KEYS = ("nft_loss", "delta_v_norm", "clip_frac", "clip_loss_frac", "E_pos_mean", "E_neg_mean", "kl",
+               "restore_frac")
+
+# algorithm.nft_adv_mode: the map m of the clipped advantage a ∈ [-c, c] before r (NVlabs' trainer's adv_mode)
+ADV_MODES: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "all": lambda a, c: a,  # a itself
+    "positive_only": lambda a, c: a.clamp(0, c),  # negative advantages count as 0 (r = 1/2): learn from wins only
+    "negative_only": lambda a, c: a.clamp(-c, 0),  # positive advantages count as 0: learn from losses only
+    "one_only": lambda a, c: (a > 0).to(a.dtype),  # 1 for a win, 0 otherwise: r = 1/2 + 1/(2c) or 1/2
+    "binary": lambda a, c: a.sign(),  # ±1 (0 at a = 0): r = 1/2 ± 1/(2c)
+}
 
 
 def nft_velocities(v_theta: Tensor, v_old: Tensor, beta: float) -> tuple[Tensor, Tensor]:
@@ -122,6 +142,31 @@ def _expand(per_elem: Tensor, like: Tensor, per_frame: bool) -> Tensor:
     return per_elem.reshape(-1, *([1] * (like.dim() - 1)))
 
 
+def reward_weight(adv: Tensor, adv_clip_max: float, adv_mode: str = "all") -> Tensor:
+    """``r = clamp((m(clamp(A, -c, c)) + c)/(2c), 0, 1)`` (module docstring), float32, without gradient; ``adv``
+    ``[B]`` or ``[B, F]``, ``m`` = ``ADV_MODES[adv_mode]``."""
+    mode = _lookup(ADV_MODES, adv_mode, "adv_mode")
+    c = float(adv_clip_max)
+    a = mode(adv.detach().float().clamp(-c, c), c)
+    return ((a + c) / (2 * c)).clamp(0, 1)
+
+
+def restore_fraction(d: Tensor, k: Tensor, delta_v: Tensor, r: Tensor, w_pos: Tensor, w_neg: Tensor, beta: float,
+                     expand: Callable[[Tensor], Tensor]) -> Tensor:
+    """``‖g_restore‖ / (‖g_learn‖ + ‖g_restore‖)`` (module docstring), a float32 scalar without gradient.
+
+    Args:
+        d: ``[B, ...]`` x̂0_old - x0. k: ``[B, 1, ...]`` ∂x̂0/∂v = -t. delta_v: ``[B, ...]`` v_θ - v_old.
+        r, w_pos, w_neg: ``[B]`` (or ``[B, F]``; a weight may be a scalar) reward weight and energy weights w±.
+        expand: broadcasts an r-shaped tensor against the latents.
+    """
+    with torch.no_grad():
+        p, w = expand(r * w_pos - (1 - r) * w_neg), expand(r * w_pos + (1 - r) * w_neg)
+        learn = (k * p * d).square().sum().sqrt()  # the common factor 2c drops out of the fraction
+        restore = (beta * k.square() * w * delta_v.detach()).square().sum().sqrt()
+        return restore / (learn + restore).clamp_min(torch.finfo(restore.dtype).tiny)
+
+
 def _trust_region_scale(
     v_old: Tensor, delta_v: Tensor, clip_ratio: float, reduce: Callable[[Tensor], Tensor]
 ) -> Tensor:
@@ -152,6 +197,7 @@ def nft_loss(
     clip_ratio: float | None = None,
     v_base: Tensor | None = None,
     kl_coef: float = 0.0,
+    adv_mode: str = "all",
 ) -> tuple[Tensor, dict[str, float]]:
     """DiffusionNFT loss (equations in the module docstring).
 
@@ -171,12 +217,15 @@ def nft_loss(
         clip_ratio: ρ > 0 enables the trust region on ‖Δv‖; None disables it.
         v_base: ``[B, ...]`` velocity with adapters off, for the anchor term and the ``kl`` metric.
         kl_coef: k ≥ 0, weight of ``mean((v_θ - v_base)²)``.
+        adv_mode: the map of the clipped advantage before r (``ADV_MODES``): ``"all"`` (identity),
+            ``"positive_only"``, ``"negative_only"``, ``"one_only"``, ``"binary"``.
 
     Returns:
         ``(loss, metrics)``: a scalar float32 loss with gradient (NFT loss + anchor), and floats ``nft_loss`` (the NFT
         part), ``delta_v_norm`` (mean over samples/frames of the RMS of Δv, i.e. ‖Δv‖/√n), ``clip_frac`` (share of
         samples/frames with s < 1), ``clip_loss_frac`` (share where the clipped loss was larger and taken),
-        ``E_pos_mean``, ``E_neg_mean``, ``kl`` (``mean((v_θ - v_base)²)``, 0 without v_base).
+        ``E_pos_mean``, ``E_neg_mean``, ``kl`` (``mean((v_θ - v_base)²)``, 0 without v_base), ``restore_frac``
+        (the brake's share of the gradient, module docstring).
 
     Computation runs in float32 (inputs in lower precision are upcast).
     """
@@ -190,7 +239,7 @@ def nft_loss(
     reduce = _reducer(x0, per_frame)
     t_b = t.detach().float().reshape(-1, *([1] * (x0.dim() - 1)))
     c = float(adv_clip_max)
-    r = (adv.detach().float().clamp(-c, c) + c) / (2 * c)
+    r = reward_weight(adv, c, adv_mode)
 
     d, k = residual_fn(x_t, x0, t_b, v_old)  # constants: x̂0_old - x0 and ∂x̂0/∂v = -t
     k_beta = k * beta
@@ -235,6 +284,7 @@ def nft_loss(
                 e_pos.detach().mean(),
                 e_neg.detach().mean(),
                 kl.detach(),
+                restore_fraction(d, k, delta_v, r, w_pos, w_neg, beta, lambda x: _expand(x, x0, per_frame)),
             ]
         ).tolist()
     metrics = dict(zip(METRIC_KEYS, values))

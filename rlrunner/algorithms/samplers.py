@@ -189,12 +189,30 @@ def training_grid(kind: str, sampler_sigmas: Tensor) -> Tensor:
     return grid[:num_steps]
 
 
+def distinct_levels(num_levels: int, draws: int, generator: torch.Generator) -> Tensor:
+    """Grid indices of a sample's ``draws`` training passes, distinct while ``draws ≤ num_levels``.
+
+    The first ``draws`` entries of a chain of independent permutations of ``0..num_levels-1`` drawn from
+    ``generator`` (NVlabs' DiffusionNFT trainer: a per-sample ``randperm`` of its timesteps), so each level is drawn
+    with probability ``draws/num_levels`` and beyond ``num_levels`` draws every level appears ``⌊draws/N⌋`` or
+    ``⌈draws/N⌉`` times. Seed ``generator`` by the sample, not its draw: every draw reads the same chain.
+
+    Returns:
+        int64 ``[draws]`` on the CPU.
+    """
+    if num_levels < 1 or draws < 1:
+        raise ValueError(f"need num_levels ≥ 1 and draws ≥ 1, got {num_levels} and {draws}")
+    chains = -(-draws // num_levels)  # ceil
+    return torch.cat([torch.randperm(num_levels, generator=generator) for _ in range(chains)])[:draws]
+
+
 def sample_xt(
-    x0: Tensor, grid: int | Tensor, generator: torch.Generator | list[torch.Generator] | None = None
+    x0: Tensor, grid: int | Tensor, generator: torch.Generator | list[torch.Generator] | None = None,
+    levels: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Draw a training noise level per sample and noise the clean latents.
 
-    ``k ~ U{0..N-1}``, ``t = grid[k]``, fresh ``ε ~ N(0, I)``, ``x_t = (1 - t)·x0 + t·ε``.
+    ``k ~ U{0..N-1}`` (or the given ``levels``), ``t = grid[k]``, fresh ``ε ~ N(0, I)``, ``x_t = (1 - t)·x0 + t·ε``.
 
     Args:
         x0: ``[B, ...]`` clean latents.
@@ -203,6 +221,8 @@ def sample_xt(
         generator: optional ``torch.Generator`` on x0's device for replayable draws, or a list of ``B``
             generators, one per sample (sample i draws its k, then its ε, from ``generator[i]``), so that a
             sample's noise does not depend on which other samples share its batch.
+        levels: optional int64 ``[B]`` grid indices k chosen by the caller (:func:`distinct_levels`); then the
+            generators draw only ε.
 
     Returns:
         ``(x_t [B, ...] in x0's dtype, t [B] float32, noise [B, ...] in x0's dtype)``.
@@ -212,14 +232,21 @@ def sample_xt(
     if grid.dim() != 1 or grid.numel() < 1:
         raise ValueError(f"grid must be 1-D with at least one noise level, got shape {tuple(grid.shape)}")
     grid, num_levels = grid.to(device=x0.device, dtype=torch.float32), grid.numel()
+    if levels is not None and (tuple(levels.shape) != (x0.shape[0],) or levels.min() < 0 or levels.max() >= num_levels):
+        raise ValueError(f"levels must be [B] = ({x0.shape[0]},) grid indices in [0, {num_levels}), got {levels}")
     if isinstance(generator, list):
         if len(generator) != x0.shape[0]:
             raise ValueError(f"{len(generator)} generators for a batch of {x0.shape[0]} samples")
-        draws = [_draw_k_eps(x0[:1], num_levels, g) for g in generator]
-        k, noise = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
-    else:
+        if levels is None:
+            draws = [_draw_k_eps(x0[:1], num_levels, g) for g in generator]
+            k, noise = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
+        else:
+            k, noise = levels, torch.cat([_draw_eps(x0[:1], g) for g in generator])
+    elif levels is None:
         k, noise = _draw_k_eps(x0, num_levels, generator)
-    t = grid[k]
+    else:
+        k, noise = levels, _draw_eps(x0, generator)
+    t = grid[k.to(grid.device)]
     t_b = t.reshape(-1, *([1] * (x0.dim() - 1)))
     x_t = (1 - t_b) * x0.float() + t_b * noise
     return x_t.to(x0.dtype), t, noise.to(x0.dtype)
@@ -228,4 +255,9 @@ def sample_xt(
 def _draw_k_eps(x0: Tensor, num_steps: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """Grid indices ``[B]`` then float32 noise shaped like ``x0``, in that order from ``generator``."""
     k = torch.randint(0, num_steps, (x0.shape[0],), generator=generator, device=x0.device)
-    return k, torch.randn(x0.shape, generator=generator, device=x0.device, dtype=torch.float32)
+    return k, _draw_eps(x0, generator)
+
+
+def _draw_eps(x0: Tensor, generator: torch.Generator | None) -> Tensor:
+    """float32 noise shaped like ``x0`` from ``generator``."""
+    return torch.randn(x0.shape, generator=generator, device=x0.device, dtype=torch.float32)

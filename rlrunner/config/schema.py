@@ -157,6 +157,9 @@ class AlgorithmConfig:
     # anchor to the EMA adapter: + coef·mean((v_θ - v_ema)²), 0 = off; the official recipes use 1.0 with an EMA of
     # decay min(0.3, 0.001·step), i.e. nft_tau [1.0, 0.7, 0, 300]
     awm_ema_kl_coef: float = 0.0
+    # nft: the map of each clipped advantage a before r = (a + c)/(2c) (NVlabs' trainer's adv_mode): all (a itself)
+    # | positive_only (max(a, 0)) | negative_only (min(a, 0)) | one_only (1 if a > 0 else 0) | binary (sign(a))
+    nft_adv_mode: str = "all"
 
 
 # ------------------------------------------------------------------------------------------------- env

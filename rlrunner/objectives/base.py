@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -24,13 +24,16 @@ class MicroBatch:
     batch). ``cond``: the text conditioning ``[B, ...]``, on the device.
     ``generators``: one per sample, seeded by (step, sample position, ``draw``), never by rank: draw any training
     noise from them so that results do not depend on the number of actor ranks. ``draw``: which of the
-    :meth:`Objective.draws` passes over these samples this is.
+    :meth:`Objective.draws` passes over these samples this is. ``level_generators``: one per sample, seeded by
+    (step, sample position) but not ``draw``, so every draw reads the same stream: for choices the draws share
+    (NFT's distinct noise levels); empty where the caller has no step (tests of one pass).
     """
 
     tensors: dict[str, Tensor]
     cond: dict[str, Tensor]
     generators: list[torch.Generator]
     draw: int
+    level_generators: list[torch.Generator] = field(default_factory=list)
 
     @property
     def x0(self) -> Tensor:

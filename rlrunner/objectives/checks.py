@@ -12,7 +12,7 @@ from omegaconf import DictConfig, ListConfig
 from rlrunner.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from rlrunner.algorithms.awm import WEIGHTINGS
 from rlrunner.algorithms.ema import DECAY_SCHEDULES
-from rlrunner.algorithms.nft import TARGET_SPACES, WEIGHT_MODES
+from rlrunner.algorithms.nft import ADV_MODES, TARGET_SPACES, WEIGHT_MODES
 from rlrunner.algorithms.samplers import TRAIN_TIMESTEPS
 from rlrunner.config.check_kinds import POSITIVE_INT, Check, Choice, Context, Elsewhere, Range, Rule, fixed, names
 from rlrunner.config.errors import fail as _fail
@@ -68,6 +68,7 @@ KEY_CHECKS: dict[str, Check] = {
                                              meaning="the share of the sampler's steps trained on"),
     "algorithm.awm_timesteps_per_sample": POSITIVE_INT,
     "algorithm.awm_ema_kl_coef": Range(low=0, meaning="0 = no EMA anchor"),
+    "algorithm.nft_adv_mode": Choice(names(ADV_MODES)),
 }
 
 

@@ -5,7 +5,10 @@ Where the training state ``(x_t, t)`` comes from (``algorithm.nft_xcur_source``)
 
 - ``resample`` (RLinf's diffusion recipes, NVlabs' trainer): fresh noise on the rollout's final x0,
   ``x_t = (1 - t)·x0 + t·ε`` with t drawn from ``algorithm.nft_train_timesteps``'s grid (:func:`training_grid`);
-  ``v_old`` is one no-grad forward of the EMA adapter.
+  ``v_old`` is one no-grad forward of the EMA adapter. With ``nft_timesteps_per_sample`` K > 1 a sample's K draws
+  take K distinct levels of the grid (t = 1 included), as NVlabs' per-sample permutation of its timesteps: draw j
+  takes entry j of :func:`distinct_levels` seeded by (seed, step, sample position), never by rank; K = 1 draws
+  the level from the draw's own noise generator, as before.
 - ``rollout`` (RLinf's default for embodied NFT): the rollout's own states. Each sample keeps
   ``nft_timesteps_per_sample`` distinct steps i of its trajectory (drawn with the rollout's generator): the state
   ``x_i`` at ``t = σ_i`` and the velocity the EMA policy had there, ``v_old = v_ema(x_i, σ_i)``, which the rollout
@@ -19,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from rlrunner.algorithms.nft import nft_loss
-from rlrunner.algorithms.samplers import sample_xt, training_grid
+from rlrunner.algorithms.samplers import distinct_levels, sample_xt, training_grid
 from rlrunner.cluster.parallelize import Engine
 from rlrunner.models import EMA_ADAPTER, FlowModel
 from rlrunner.models.lora import lora_digest
@@ -83,7 +86,8 @@ class NFTObjective(Objective):
                 v_old = micro.tensors["nft_v_old"][:, micro.draw].to(device)
         else:
             grid = training_grid(alg.nft_train_timesteps, model.sigmas(int(self.family.num_steps)))
-            x_t, t, _ = sample_xt(micro.x0, grid, generator=micro.generators)
+            levels = self._distinct_levels(micro, grid.numel()) if self.draws() > 1 else None
+            x_t, t, _ = sample_xt(micro.x0, grid, generator=micro.generators, levels=levels)
         # float32 latents: the model casts its input to its own dtype and returns velocities in the input's
         # dtype, so the NFT loss runs in float32 even for a bf16 transformer
         x0, x_t, t = micro.x0.to(device), x_t.to(device), t.to(device)
@@ -96,9 +100,17 @@ class NFTObjective(Objective):
         loss, metrics = nft_loss(
             v_theta, v_old, x_t, x0, t, micro.advantages.to(device), beta=alg.nft_beta, adv_clip_max=alg.adv_clip_max,
             weight_mode=alg.nft_weight_mode, target_space=alg.nft_target_space, clip_ratio=alg.nft_clip_ratio,
-            v_base=v_base, kl_coef=alg.ref_kl_coef,
+            v_base=v_base, kl_coef=alg.ref_kl_coef, adv_mode=alg.nft_adv_mode,
         )
         return loss, {**metrics, "v_old_cached": float(cached)}
+
+    def _distinct_levels(self, micro: MicroBatch, num_levels: int) -> Tensor:
+        """int64 ``[B]``: each sample's grid index for this draw, entry ``micro.draw`` of its distinct levels."""
+        if len(micro.level_generators) != len(micro.x0):
+            raise RuntimeError(f"nft_timesteps_per_sample > 1 needs one level generator per sample; got "
+                               f"{len(micro.level_generators)} for {len(micro.x0)} samples")
+        return torch.stack([distinct_levels(num_levels, self.draws(), g)[micro.draw]
+                            for g in micro.level_generators])
 
     def _cache_is_exact(self, micro: MicroBatch) -> bool:
         """The rollout kept v_old, and every sample of ``micro`` was sampled by the actor's current EMA adapter."""

@@ -8,7 +8,8 @@ group contiguous): a sample's *index*. Then, depending only on (seed, step, ``N`
 2. **optimizer windows**: optimizer step k trains positions ``[k·G, (k+1)·G)`` whatever the number of ranks ``n``;
    rank r takes the r-th ``G/n`` slice of each window (:func:`optimizer_step_shards`), in order.
 3. **noise seeds**: a sample's training noise is seeded by (seed, ``"actor-noise"``, step, position, draw)
-   (:func:`noise_seed`), never by rank.
+   (:func:`noise_seed`), never by rank; what its draws share (NFT's distinct noise levels) by (seed,
+   ``"actor-levels"``, step, position) (:func:`level_seed`).
 4. **rows per rank**: as all of this is known before the rollout, each rollout shard returns one training part per
    actor rank, the rows that rank trains on (:meth:`TrainPlan.shard_rows`); a rank joins its parts in sample order
    and :meth:`TrainPlan.local_index` puts them in its training order. No rank fetches another rank's rows.
@@ -53,6 +54,11 @@ def train_order(seed: int, step: int, num_samples: int) -> torch.Tensor:
 def noise_seed(seed: int, step: int, position: int, draw: int) -> int:
     """Seed of the training noise of the sample at ``position`` of step ``step`` (``draw``: the objective's draw)."""
     return derive_seed(seed, "actor-noise", step, position, draw)
+
+
+def level_seed(seed: int, step: int, position: int) -> int:
+    """Seed of what all draws of the sample at ``position`` of step ``step`` share (its noise levels)."""
+    return derive_seed(seed, "actor-levels", step, position)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from rlrunner.config.paths import node_paths
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.step.batch import Batch
-from rlrunner.step.sample_order import noise_seed
+from rlrunner.step.sample_order import level_seed, noise_seed
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
 
@@ -105,7 +105,8 @@ class ActorWorker:
             # a context-parallel group's gradient is the sum of its ranks')
             share = len(micro) / len(batch) / draws
             with self.engine.accumulate(sync=index == len(passes) - 1):
-                loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw), draw)
+                loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw), draw,
+                                                       self._level_generators(micro, step))
                 (loss * (share * self.engine.gradient_scale)).backward()
             for name, value in micro_metrics.items():
                 metrics[name] += value * share
@@ -125,10 +126,16 @@ class ActorWorker:
         return [torch.Generator().manual_seed(noise_seed(self.cfg.seed, step, position, draw))
                 for position in micro.tensors["sample_index"].tolist()]
 
-    def _micro_loss(self, micro: Batch, generators: list[torch.Generator],
-                    draw: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+    def _level_generators(self, micro: Batch, step: int) -> list[torch.Generator]:
+        """One generator per sample, seeded by (seed, step, its position in the step): the same in every draw."""
+        return [torch.Generator().manual_seed(level_seed(self.cfg.seed, step, position))
+                for position in micro.tensors["sample_index"].tolist()]
+
+    def _micro_loss(self, micro: Batch, generators: list[torch.Generator], draw: int = 0,
+                    level_generators: list[torch.Generator] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective's loss on one micro-batch pass (with gradient) and its metrics."""
-        inputs = MicroBatch(dict(micro.tensors), _cond(micro, self.model.device), generators, draw)
+        inputs = MicroBatch(dict(micro.tensors), _cond(micro, self.model.device), generators, draw,
+                            level_generators or [])
         return self.objective.loss(self.model, self.engine, inputs)
 
     # ------------------------------------------------------------------ EMA and sync

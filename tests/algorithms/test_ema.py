@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
+from rlrunner.algorithms.ema import DECAY_SCHEDULES, decay_at, ema_update_, tau_at
 
 
 def test_tau_scalar():
@@ -92,3 +92,32 @@ def test_ema_update_checks():
         ema_update_(ema, [torch.zeros(4), params[1]], 0.1)
     with pytest.raises(ValueError, match="tau"):
         ema_update_(ema, params, -0.5)
+
+
+# NVlabs' DiffusionNFT trainer names its schedules by number (config.decay_type); verl-omni uses our names with
+# the same (flat, rate, cap). The official function, transliterated: η = 0 before `flat`, else min((step - flat)·rate,
+# cap), with the official operand order.
+OFFICIAL_DECAY_TYPES = {0: "copy", 1: "linear_to_0_5", 2: "delayed_linear_to_0_999"}
+
+
+def official_return_decay(step: int, decay_type: int) -> float:
+    flat, uprate, uphold = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}[decay_type]
+    return 0.0 if step < flat else min((step - flat) * uprate, uphold)
+
+
+# hand-written: (type, step) -> η at the corners of each schedule
+DECAY_TABLE = {
+    (0, 0): 0.0, (0, 150): 0.0, (0, 300): 0.0,
+    (1, 0): 0.0, (1, 1): 0.001, (1, 100): 0.1, (1, 250): 0.25, (1, 300): 0.3,
+    (2, 0): 0.0, (2, 75): 0.0, (2, 76): 0.0075, (2, 100): 0.1875, (2, 175): 0.75, (2, 208): 0.9975, (2, 209): 0.999,
+    (2, 300): 0.999,
+}
+
+
+def test_decay_types_equal_the_official_return_decay_at_every_step_to_300():
+    assert set(OFFICIAL_DECAY_TYPES.values()) == set(DECAY_SCHEDULES)
+    for (decay_type, step), eta in DECAY_TABLE.items():
+        assert decay_at(OFFICIAL_DECAY_TYPES[decay_type], step) == pytest.approx(eta, abs=1e-12)
+    for decay_type, kind in OFFICIAL_DECAY_TYPES.items():
+        for step in range(301):
+            assert decay_at(kind, step) == official_return_decay(step, decay_type), (kind, step)  # bit for bit

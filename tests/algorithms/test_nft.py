@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from rlrunner.algorithms.nft import nft_loss, nft_velocities
+from rlrunner.algorithms.nft import nft_loss, nft_velocities, reward_weight
 
 BETA, C = 0.5, 5.0  # hand cases: t·β = 0.25 and c/β = 10
 
@@ -360,3 +360,70 @@ def test_the_push_at_the_old_policy_does_not_depend_on_beta_and_the_pull_back_gr
                           weight_mode="constant")[0] for s in (0.0, 1.0, -1.0)}
         curvature = (at[1.0] + at[-1.0]) / 2 - at[0.0]  # the quadratic term of L at Δv = step
         torch.testing.assert_close(curvature, c * beta * (tb**2 * step**2).sum() / 4)
+
+
+# ---------------------------------------------------------------- advantage modes (algorithm.nft_adv_mode)
+# adv = [-7, -2.5, 0, 2.5, 7] with c = 5 clips to a = [-5, -2.5, 0, 2.5, 5]; r = (m(a) + 5)/10
+@pytest.mark.parametrize(
+    "mode, expected_r",
+    [
+        ("all", [0.0, 0.25, 0.5, 0.75, 1.0]),
+        ("positive_only", [0.5, 0.5, 0.5, 0.75, 1.0]),  # m(a) = [0, 0, 0, 2.5, 5]
+        ("negative_only", [0.0, 0.25, 0.5, 0.5, 0.5]),  # m(a) = [-5, -2.5, 0, 0, 0]
+        ("one_only", [0.5, 0.5, 0.5, 0.6, 0.6]),  # m(a) = [0, 0, 0, 1, 1]
+        ("binary", [0.4, 0.4, 0.5, 0.6, 0.6]),  # m(a) = [-1, -1, 0, 1, 1]
+    ],
+)
+def test_adv_modes_hand_values(mode, expected_r):
+    r = reward_weight(torch.tensor([-7.0, -2.5, 0.0, 2.5, 7.0]), C, mode)
+    torch.testing.assert_close(r, torch.tensor(expected_r))
+
+
+def test_adv_modes_keep_r_in_0_1_and_enter_the_loss():
+    # one_only with c = 0.5: m(a) = 1 > c gives (1 + 0.5)/1 = 1.5, clamped to 1 as the official code does
+    assert reward_weight(torch.tensor([0.3, -0.3]), 0.5, "one_only").tolist() == [1.0, 0.5]
+    # the loss sees only r: positive_only at adv -2.5 is the plain loss at adv 0
+    inputs = case1()
+    loss, _ = nft_loss(**{**inputs, "adv": torch.tensor([-2.5])}, beta=BETA, adv_clip_max=C, adv_mode="positive_only")
+    plain, _ = nft_loss(**{**inputs, "adv": torch.tensor([0.0])}, beta=BETA, adv_clip_max=C)
+    assert loss.item() == plain.item()
+    with pytest.raises(ValueError, match=r"adv_mode 'positive'.*'binary'"):
+        nft_loss(**inputs, beta=BETA, adv_mode="positive")
+
+
+# ---------------------------------------------------------------- the brake (restore_frac)
+# case1: d = x_t - t·v_old - x0 = [-0.25, 0.5], k = -t = -0.5, Δv = [1, 0], r = 0.75, β = 0.5, c = 5, n = 2.
+#   constant (w± = 1): P = 0.75 - 0.25 = 0.5, W = 1
+#     g_learn ∝ k·P·d = [0.0625, -0.125] (norm √0.01953125), g_restore ∝ β·k²·W·Δv = [0.125, 0] (norm 0.125)
+#   adaptive (w+ = 2, w- = 4): P = 1.5 - 1 = 0.5, W = 2.5: g_learn the same, g_restore = [0.3125, 0]
+#   and 2c/n·(g_learn + g_restore) is the whole gradient: [0.9375, -0.625] and [1.875, -0.625]
+@pytest.mark.parametrize(
+    "weight_mode, restore, gradient",
+    [("constant", [0.125, 0.0], [0.9375, -0.625]), ("adaptive", [0.3125, 0.0], [1.875, -0.625])],
+)
+def test_restore_frac_hand_values(weight_mode, restore, gradient):
+    learn = torch.tensor([0.0625, -0.125])
+    restore = torch.tensor(restore)
+    inputs = case1()
+    v_theta = inputs["v_theta"]
+    v_theta.retain_grad()
+    loss, m = nft_loss(**inputs, beta=BETA, adv_clip_max=C, weight_mode=weight_mode)
+    loss.backward()
+    # the two parts add up to the loss's gradient in v_θ (2c/n = 5), so the fraction splits the real gradient
+    torch.testing.assert_close(v_theta.grad.reshape(2), 5 * (learn + restore))
+    torch.testing.assert_close(v_theta.grad.reshape(2), torch.tensor(gradient))
+    expected = restore.norm() / (learn.norm() + restore.norm())  # 0.4721 constant, 0.6910 adaptive
+    assert m["restore_frac"] == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_restore_frac_is_0_at_the_old_policy_and_grows_with_delta_v():
+    inputs = case1()
+    _, m_old = nft_loss(**{**inputs, "v_theta": inputs["v_old"].clone()}, beta=BETA, adv_clip_max=C)
+    assert m_old["restore_frac"] == 0.0
+    fracs = [nft_loss(**{**inputs, "v_theta": inputs["v_old"] + s * torch.tensor([1.0, 0.0]).reshape(1, 1, 1, 2)},
+                      beta=BETA, adv_clip_max=C, weight_mode="constant")[1]["restore_frac"] for s in (0.5, 1.0, 4.0)]
+    assert fracs == sorted(fracs) and 0 < fracs[0] and fracs[-1] < 1
+    # no learning signal and no move (r = 1/2 with constant weights, v_θ = v_old): 0, not 0/0
+    _, m_none = nft_loss(**{**inputs, "v_theta": inputs["v_old"].clone(), "adv": torch.tensor([0.0])}, beta=BETA,
+                         adv_clip_max=C, weight_mode="constant")
+    assert m_none["restore_frac"] == 0.0

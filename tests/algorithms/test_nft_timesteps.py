@@ -4,7 +4,15 @@ given grid, and the sampler observer that lets a rollout keep its own states and
 import pytest
 import torch
 
-from rlrunner.algorithms.samplers import SAMPLERS, sample_flow, sample_xt, sigma_schedule, training_grid
+from rlrunner.algorithms.samplers import (
+    SAMPLERS,
+    distinct_levels,
+    sample_flow,
+    sample_xt,
+    sigma_schedule,
+    training_grid,
+)
+from rlrunner.step.sample_order import level_seed
 
 
 def test_training_grids_hand_values():
@@ -56,3 +64,39 @@ def test_observer_sees_each_step_state_sigma_and_velocity(sampler):
         assert torch.equal(x, states[i]) and torch.equal(v, velocity_fn(x, t))
         assert torch.equal(t, torch.full((5,), float(sigmas[i].double()), dtype=torch.float32))
     assert torch.equal(seen[0][0], noise)
+
+
+# ---------------------------------------------------------------- distinct levels per sample (nft_timesteps_per_sample)
+def _levels(num_levels: int, draws: int, samples: int) -> torch.Tensor:
+    """[samples, draws] levels, each sample's generator seeded as the actor seeds it (seed 0, step 3, position n)."""
+    return torch.stack([distinct_levels(num_levels, draws, torch.Generator().manual_seed(level_seed(0, 3, n)))
+                        for n in range(samples)])
+
+
+def test_distinct_levels_are_distinct_per_sample_and_uniform_over_samples():
+    levels = _levels(10, 4, 2000)
+    assert all(len(set(row.tolist())) == 4 for row in levels)  # K distinct levels per sample, t = 1 (level 0) too
+    # each level is drawn 2000·4/10 = 800 times in expectation, and so is each level of each single draw (200):
+    # chi-square with 9 degrees of freedom stays below 27.88 with probability 0.999 (the seed is fixed)
+    for counts, expected in ((torch.bincount(levels.flatten(), minlength=10), 800.0),
+                             *((torch.bincount(levels[:, j], minlength=10), 200.0) for j in range(4))):
+        assert ((counts.float() - expected).square() / expected).sum() < 27.88
+
+
+def test_more_draws_than_levels_repeat_each_level_evenly():
+    for row in _levels(3, 7, 20):  # 7 draws on 3 levels: each level 2 or 3 times, each chain of 3 a permutation
+        assert sorted(torch.bincount(row, minlength=3).tolist()) == [2, 2, 3]
+        assert sorted(row[:3].tolist()) == sorted(row[3:6].tolist()) == [0, 1, 2]
+
+
+def test_given_levels_pick_t_and_the_generators_draw_only_the_noise():
+    x0 = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(0))
+    grid = torch.tensor([1.0, 0.75, 0.5, 0.25])
+    x_t, t, eps = sample_xt(x0, grid, generator=[torch.Generator().manual_seed(i) for i in range(3)],
+                            levels=torch.tensor([0, 3, 1]))
+    assert t.tolist() == [1.0, 0.25, 0.75]
+    for i in range(3):  # ε is the generator's first draw: no level was drawn from it
+        assert torch.equal(eps[i], torch.randn(x0[i].shape, generator=torch.Generator().manual_seed(i)))
+    torch.testing.assert_close(x_t, (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * eps)
+    with pytest.raises(ValueError, match=r"levels must be \[B\] = \(3,\) grid indices in \[0, 4\)"):
+        sample_xt(x0, grid, generator=torch.Generator(), levels=torch.tensor([0, 4, 1]))
