@@ -12,13 +12,13 @@ naming the nearest keys, exit status 2.
 from __future__ import annotations
 
 import argparse
-import os
 import ast
 import dataclasses
 import difflib
 import functools
 import inspect
 import json
+import os
 import sys
 import tokenize
 import typing
