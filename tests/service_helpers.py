@@ -164,6 +164,13 @@ class StubServer:
         self.server.server_close()
 
 
+def answer_complete(answer: bytes) -> bool:
+    """Whether ``answer`` holds a whole HTTP answer: its head and as many body bytes as its Content-Length says."""
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return bool(sep and length and len(body) >= int(length.group(1)))
+
+
 def raw_request(port: int, data: bytes, timeout_s: float = 30.0) -> tuple[int, bytes]:
     """``data`` sent as is on a new connection to 127.0.0.1:``port``; the answer's ``(status, body)``.
 
@@ -179,9 +186,7 @@ def raw_request(port: int, data: bytes, timeout_s: float = 30.0) -> tuple[int, b
                 if not chunk:
                     break
                 answer += chunk
-                head, sep, body = answer.partition(b"\r\n\r\n")
-                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                if sep and length and len(body) >= int(length.group(1)):
+                if answer_complete(answer):
                     break
         except (TimeoutError, ConnectionResetError, BrokenPipeError):
             pass

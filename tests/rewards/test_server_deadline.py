@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from service_helpers import SERVER_LIMITS, Server, detector_server, peak_rss_mib, reward_server
+from service_helpers import SERVER_LIMITS, Server, answer_complete, detector_server, peak_rss_mib, reward_server
 
 from rlrunner.rewards.serving.wire import encode_image
 
@@ -61,9 +61,7 @@ def trickle(port: int, first: bytes, byte: bytes) -> tuple[float, int, bytes, in
             if not chunk:
                 break
             answer += chunk
-            head, sep, body = answer.partition(b"\r\n\r\n")
-            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-            if sep and length and len(body) >= int(length.group(1)):
+            if answer_complete(answer):
                 break
     took = time.monotonic() - started
     status = re.match(rb"HTTP/1\.[01] (\d{3}) ", answer)
