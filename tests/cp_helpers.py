@@ -93,3 +93,14 @@ def engines_ranks(rank: int, world_size: int, recipe: str, data: str, out: str) 
     for strategy in ("ddp", "fsdp2"):
         actor_rank(rank, world_size, recipe, data, out, strategy,
                    ["actor.context_parallel_size=2", f"actor.strategy={strategy}"])
+
+
+def rollout_refusal(rank: int, world_size: int, recipe: str, out: str) -> None:
+    """A rollout rank of a CP group of ``world_size`` that writes why its set-up refused (to ``<out>/refusal_rank<r>
+    .txt``; nothing when it did not)."""
+    cfg = OmegaConf.load(recipe)
+    try:
+        RolloutWorker(cfg.actor.model, cfg.runner.seed, algorithm_cfg=cfg.algorithm,
+                      context_parallel_size=world_size, rank=rank, world_size=world_size)
+    except ValueError as err:
+        (Path(out) / f"refusal_rank{rank}.txt").write_text(str(err))

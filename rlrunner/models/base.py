@@ -372,6 +372,9 @@ class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
     # ------------------------------------------------------------------ context parallelism
     #: ranks that split one sample's token sequence (1: none); set by :meth:`enable_context_parallel`
     context_parallel_size: int = 1
+    #: whether the family pads its text to whole CP slices itself, where its ``_cp_plan`` splits the text (else the
+    #: recipe check asks ``max_sequence_length`` to divide)
+    pads_text_for_cp: bool = False
 
     def enable_context_parallel(self, mesh: Any) -> None:
         """Split every denoiser's token sequence over the CP groups of ``mesh`` (a ``dp × cp`` device mesh, see

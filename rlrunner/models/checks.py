@@ -181,12 +181,13 @@ def _component_configs(folder: Path, index: dict[str, Any]) -> dict[str, dict[st
 
 
 def check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
-    """Context parallelism needs a denoiser with a diffusers ``_cp_plan``, heads divisible by the Ulysses degree,
-    a token count divisible by the CP degree, and for ring an attention backend that returns the log-sum-exp."""
+    """Context parallelism needs a denoiser with a diffusers ``_cp_plan``, an attention backend diffusers runs the
+    mode on (for ring one that returns the log-sum-exp), heads divisible by the Ulysses degree, and every sequence
+    the plan splits (the latent's tokens, and the text's where it splits those) divisible by the CP degree."""
     sizes = {"actor": cfg.actor.context_parallel_size, "rollout": cfg.rollout.context_parallel_size}
     if max(sizes.values()) == 1:
         return
-    from rlrunner.cluster.context_parallel import RING_BACKENDS, attention_backend, denoiser_class, has_cp_plan
+    from rlrunner.cluster.context_parallel import backend_problem, configured_backend, denoiser_class, has_cp_plan
     from rlrunner.models import MODEL_FAMILIES, model_class
 
     model_type, family_cfg = cfg.actor.model.model_type, cfg.actor.model[cfg.actor.model.model_type]
@@ -196,15 +197,18 @@ def check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
     if denoiser is None or not has_cp_plan(denoiser):
         _fail(f"{key}: the {model_type} denoiser ({getattr(denoiser, '__name__', 'none')}) has no diffusers _cp_plan; "
               f"families with one: {', '.join(f for f in MODEL_FAMILIES if has_cp_plan(_denoiser_of(f)))}")
-    if cfg.actor.context_parallel_mode == "ring" and attention_backend() not in RING_BACKENDS:
-        _fail(f"actor.context_parallel_mode=ring needs an attention backend that returns the log-sum-exp "
-              f"({', '.join(RING_BACKENDS)}); this run's is {attention_backend()!r} (DIFFUSERS_ATTN_BACKEND); use "
-              f"actor.context_parallel_mode=ulysses")
+    # the rollout's CP is always Ulysses; the backend is the one the workers will import diffusers with
+    modes = {role: cfg.actor.context_parallel_mode if role == "actor" else "ulysses" for role in sizes}
+    backend = configured_backend()
+    for role in (r for r, cp in sizes.items() if cp > 1):
+        what = f"{role}.context_parallel_size={sizes[role]} with " + \
+            ("actor.context_parallel_mode=" if role == "actor" else "the rollout's mode ") + modes[role]
+        if problem := backend_problem(backend, modes[role], what):
+            _fail(f"{problem}; set DIFFUSERS_ATTN_BACKEND (now {backend!r}) to one of them")
     folder = base_dir / Path(cfg.actor.model.model_path).expanduser()
     if (folder / "model_index.json").is_file():
         for role, cp in sizes.items():
-            mode = cfg.actor.context_parallel_mode if role == "actor" else "ulysses"
-            if problem := _sequence_problem(family, family_cfg, folder, cp, mode):
+            if problem := _sequence_problem(family, family_cfg, folder, cp, modes[role], denoiser):
                 _fail(f"{role}.context_parallel_size={cp} with actor.model.{model_type}: {problem}")
 
 
@@ -215,18 +219,21 @@ def _denoiser_of(model_type: str) -> type:
     return denoiser_class(model_class(model_type).pipeline_class_name) or object
 
 
-def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int, mode: str) -> str | None:
-    """Why ``cp`` ranks cannot split this family's sequence at ``family_cfg``'s size (the nearest sizes that they
-    can, when the token count is the problem), or None."""
+def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int, mode: str,
+                      denoiser: type) -> str | None:
+    """Why ``cp`` ranks cannot split this family's sequences at ``family_cfg``'s size (the nearest sizes that they
+    can, when a token count is the problem), or None."""
     from rlrunner.cluster.context_parallel import sequence_problem
     from rlrunner.sizing.meta import read_components
 
     _, components = read_components(folder)
     configs = {name: component.config for name, component in components.items()}
     heads = configs.get("transformer", {}).get("num_attention_heads")
-    tokens = family.sample_shapes(family_cfg, configs).image_tokens
-    problem = sequence_problem(tokens, heads, cp, mode, "the latent")
-    if problem is None or tokens % cp == 0:
+    shapes = family.sample_shapes(family_cfg, configs)
+    problem = sequence_problem(shapes.image_tokens, heads, cp, mode, "the latent")
+    if problem is None:
+        return _text_problem(family, family_cfg, shapes.text_tokens, cp, denoiser)
+    if shapes.image_tokens % cp == 0:
         return problem
     height, width = (family_cfg.resolution, family_cfg.resolution) if isinstance(family_cfg.resolution, int) \
         else tuple(family_cfg.resolution)
@@ -243,3 +250,16 @@ def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int
             except ValueError:  # not a size the family takes
                 continue
     return problem
+
+
+def _text_problem(family: Any, family_cfg: DictConfig, tokens: int, cp: int, denoiser: type) -> str | None:
+    """Why ``cp`` ranks cannot split the ``tokens`` text tokens that ``denoiser``'s ``_cp_plan`` splits (FLUX.1,
+    FLUX.2; Qwen-Image pads its text itself), naming ``max_sequence_length`` values that divide, or None."""
+    from rlrunner.cluster.context_parallel import splits_text
+
+    if cp <= 1 or tokens % cp == 0 or family.pads_text_for_cp or not splits_text(denoiser):
+        return None
+    key, below, above = f"actor.model.{family.model_type}.max_sequence_length", tokens // cp * cp, tokens // cp * cp + cp
+    fits = [n for n in (below, above) if n > 0 and not (family.max_text_tokens and n > family.max_text_tokens)]
+    return f"the {denoiser.__name__} _cp_plan splits the text too, and its {tokens} tokens ({key}={tokens}) are " \
+           f"not divisible by context parallel size {cp}; set {key} to {' or '.join(map(str, fits))}"
