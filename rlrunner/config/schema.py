@@ -262,7 +262,8 @@ class ModelKeys:
     model_path: str = ""  # the base model: a local diffusers folder or a hub id (org/name)
     # the model family (rlrunner/models/): tiny, sd3, flux1, wan22_ti2v_5b, ...; its section holds its settings
     model_type: str = "tiny"
-    # dtype of the base model's weights (LoRA weights train in fp32): bf16 | fp16 | fp32 (RLinf:
+    # dtype of the base model's weights (LoRA weights train in fp32), for the actor and the rollout alike: bf16 |
+    # fp32 (fp16 is refused: no loss scaling, so its gradients underflow) (RLinf:
     # actor.fsdp_config.mixed_precision.param_dtype)
     precision: str = "bf16"
     # true: bf16 / fp16 stay as asked on a CPU device too (slow; shows dtype mistakes without a GPU), else fp32

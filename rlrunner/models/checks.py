@@ -1,5 +1,5 @@
 """The checks of the model's keys (``actor.model.*``, each family section's under ``<family>``), ``model_type:
-auto`` resolved, and across keys: a model is named, the family's guidance kinds, folder and resolution, its experts,
+auto`` resolved, and across keys: a model is named, in a precision it trains in, the family's guidance kinds, folder and resolution, its experts,
 and context parallelism over its token sequence. Each raises :class:`~rlrunner.config.errors.RecipeError` with one
 line, before any worker starts; registered in :mod:`rlrunner.recipe`."""
 
@@ -90,6 +90,14 @@ def check_model(cfg: DictConfig, ctx: Context) -> None:
     if not cfg.actor.model.model_path:
         _fail("actor.model.model_path is empty; set it to a local diffusers folder or a hub id "
               "(e.g. actor.model.model_path=stabilityai/stable-diffusion-3.5-medium)")
+
+
+def check_precision(cfg: DictConfig, ctx: Context) -> None:
+    """No fp16 training: the actor trains its LoRA weights without loss scaling, so fp16 gradients underflow to zero
+    silently. The rollout samples in the same ``actor.model.precision`` (it has no key of its own)."""
+    if cfg.actor.model.precision == "fp16":
+        _fail("actor.model.precision=fp16 trains the LoRA without loss scaling (its gradients underflow silently); "
+              "set actor.model.precision=bf16, or fp32 (the rollout samples in the same precision)")
 
 
 def check_model_family(cfg: DictConfig, ctx: Context) -> None:
