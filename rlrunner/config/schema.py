@@ -31,6 +31,10 @@ class ClusterConfig:
     ship_code: bool = True
     # CPUs each worker reserves in its placement bundle
     cpus_per_worker: float = 1.0
+    # CPU threads of each env worker (torch, OpenMP, the OCR engines: reward.num_workers share them): reserved (its
+    # cpus_per_worker) | node (the CPUs its node has left after the other workers' reservations, shared by the env
+    # workers placed there: CPU OCR on a GPU node gets the cores the GPU workers do not use)
+    env_threads: str = "reserved"
     # seconds to wait for a worker call before declaring the worker dead
     worker_timeout_s: float = 1800.0
     # after a lost worker or node (runner.max_restarts): seconds to wait for the cluster to hold the placement again
