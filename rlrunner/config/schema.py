@@ -195,8 +195,9 @@ class RewardConfig:
     rec_only: bool = False  # recognition-only OCR for single-line images
     frame_interval: int = 4  # video rewards: frames per chunk after frame 0; one reward per chunk (per latent frame)
     batch_size: int = 16  # images per scoring call of the reward model or OCR engine
-    # scorer threads of each env worker, each with its own OCR engine (cluster.cpus_per_worker / num_workers inference
-    # threads); the driver cuts each rollout round once into num_workers slices per env worker (rlrunner/step/shares.py)
+    # scorer threads of each env worker, each with its own OCR engine (the env worker's CPU threads, cluster.env_threads,
+    # / num_workers inference threads each); the driver cuts each rollout round once into num_workers slices per env
+    # worker (rlrunner/step/shares.py)
     num_workers: int = 1
     weight: float = 1.0  # weight of this reward (a part of a multi reward: its weight in the sum)
     alphabet: str = ""  # keep only these characters of the recognised text before scoring
