@@ -72,7 +72,6 @@ CROSS_KEY_CHECKS: tuple[CrossCheck, ...] = (
     objective_checks.check_awm,
     run_checks.check_resume,
     model_checks.check_model,
-    model_checks.check_precision,
     model_checks.check_model_family,
     objective_checks.check_flow_grpo,  # after the model's: it reads the guidance they resolved
     tracking_checks.check_logger,
