@@ -17,6 +17,7 @@ from rlrunner.cluster.resources import detect_devices_per_node
 from rlrunner.config.check_kinds import POSITIVE_INT, Check, Choice, Context, Elsewhere, Free, Range, names
 from rlrunner.config.errors import fail as _fail
 from rlrunner.config.paths import joins_cluster
+from rlrunner.utils.threads import ENV_THREADS
 
 KEY_CHECKS: dict[str, Check] = {
     "cluster.num_nodes": POSITIVE_INT,
@@ -26,6 +27,7 @@ KEY_CHECKS: dict[str, Check] = {
     "cluster.ray_address": Free("'auto', host:port or empty; Ray reports an unreachable address when it connects"),
     "cluster.ship_code": Free("bool"),
     "cluster.cpus_per_worker": Range(low=0, low_open=True),
+    "cluster.env_threads": Choice(names(ENV_THREADS)),
     "cluster.worker_timeout_s": Range(low=0, low_open=True, meaning="seconds"),
     "cluster.rejoin_timeout_s": Range(low=0, meaning="seconds"),
     "cluster.enable_offload": Free("bool"),

@@ -29,7 +29,13 @@ from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits,
 from rlrunner.cluster.placement import Placement, PlacementError, format_devices, parse_placement
 from rlrunner.cluster.ray_host import host_actor
 from rlrunner.cluster.ray_teardown import gcs_reachable, kill_hosts, release
-from rlrunner.cluster.resources import bundle_resources, detect_device_type, detect_devices_per_node, worker_resources
+from rlrunner.cluster.resources import (
+    bundle_resources,
+    detect_device_type,
+    detect_devices_per_node,
+    worker_resources,
+    worker_threads,
+)
 from rlrunner.cluster.shipping import job_runtime_env, setup_failure
 from rlrunner.utils.threads import thread_env
 
@@ -197,6 +203,7 @@ class RayCluster(Cluster):
         self._pg = None
         self._worker_lost = False  # a worker failed since the placement group was placed (RayWorkerGroup._check_ray)
         self.cpus_per_worker = float(getattr(cluster_cfg, "cpus_per_worker", 1.0))
+        self.env_threads = str(getattr(cluster_cfg, "env_threads", "reserved"))
         try:
             placement, cluster_name = self._connect(cluster_cfg, placement)
             super().__init__(placement, detect_device_type(), getattr(cluster_cfg, "worker_timeout_s", 1800.0))
@@ -339,10 +346,11 @@ class RayCluster(Cluster):
             infos = gather(role, names, "start", started, self.worker_timeout_s)
             ips, node_ids = [i["node_ip"] for i in infos], [i["node_id"] for i in infos]
             master = (ips[0], infos[0]["port"], timeout) if rendezvous else (None, None, timeout)
-            threads = thread_env(self.cpus_per_worker)
+            threads = worker_threads(self.placement, [n.cpus for n in self.nodes], role, devices,
+                                     self.cpus_per_worker, self.env_threads)
             refs = [
-                (rank, host.construct.remote({**self._env(rank, node_ids, *master), **threads}, worker_cls, args,
-                                             kwargs))
+                (rank, host.construct.remote({**self._env(rank, node_ids, *master), **thread_env(threads[rank])},
+                                             worker_cls, args, kwargs))
                 for rank, host in enumerate(hosts)
             ]
             gather(role, ips, f"{worker_cls.__name__}.__init__", refs, self.worker_timeout_s, nodes=names)

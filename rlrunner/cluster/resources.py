@@ -1,4 +1,5 @@
-"""What accelerators the cluster has (device kind, devices per node), and what each worker reserves of them.
+"""What accelerators the cluster has (device kind, devices per node), what each worker reserves of them, and the
+CPU threads each worker runs (:func:`worker_threads`).
 
 Asks a connected Ray cluster first (its nodes may differ from the driver's machine), then torch on this
 machine, and falls back to one CPU "device" per node. Ray is consulted only when this process has already
@@ -16,6 +17,7 @@ import torch
 from rlrunner.cluster.nodes import RAY_RESOURCE, alive_nodes
 from rlrunner.cluster.placement import Placement
 from rlrunner.utils.device import npu_available
+from rlrunner.utils.threads import node_share_threads
 
 
 def detect_device_type() -> str:
@@ -86,3 +88,21 @@ def worker_resources(placement: Placement, device: int, device_type: str, cpus_p
     elif device_type == "npu":
         options["resources"] = {RAY_RESOURCE["npu"]: share}
     return options
+
+
+def worker_threads(placement: Placement, node_cpus: list[float], role: str, devices: tuple[int, ...],
+                   cpus_per_worker: float, env_threads: str) -> list[float]:
+    """CPU threads of each worker of ``role`` on ``devices`` (what :func:`rlrunner.utils.threads.thread_env` sizes it
+    for): its reservation ``cpus_per_worker``, or for env workers with ``cluster.env_threads: node`` their share
+    of their node's CPUs (``node_cpus[k]`` for recipe node ``k``) by :func:`~rlrunner.utils.threads.node_share_threads`.
+    """
+    if role != "env" or env_threads != "node":
+        return [cpus_per_worker] * len(devices)
+    threads = []
+    for device in devices:
+        k = placement.node_of(device)
+        on_node = [d for d in placement.used_devices if placement.node_of(d) == k]
+        env_workers = sum(1 for d in on_node if "env" in placement.components_on(d))
+        others = sum(len(placement.components_on(d)) for d in on_node) - env_workers
+        threads.append(float(node_share_threads(node_cpus[k], env_workers, others, cpus_per_worker)))
+    return threads

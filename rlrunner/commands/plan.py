@@ -4,7 +4,9 @@ Loads the recipe as the launcher does (prompt files are not needed), builds ever
 on the meta device from its config files (``model_index.json`` and each component's ``config.json``; weights
 are never read) and prints, per device of ``cluster.component_placement``, what each component holds there
 (:mod:`rlrunner.sizing.memory` says what that is), an activation estimate, and the peak against the device's
-memory: of the accelerator visible here, or ``--device-memory``. User errors print one line and exit 2.
+memory: of the accelerator visible here, or ``--device-memory``; and the CPU threads of a CPU OCR reward per env
+worker (:mod:`rlrunner.sizing.threads`), with a warning when they are too few. User errors print one line and
+exit 2.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from rlrunner.sizing.memory import (
     step_geometry,
 )
 from rlrunner.sizing.meta import ModelFolderError
+from rlrunner.sizing.threads import ocr_thread_lines
 from rlrunner.utils.device import npu_available
 
 EXIT_USER_ERROR = 2
@@ -144,8 +147,9 @@ def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_nam
     lines.append("host memory per rollout worker per step (the rollout result, not on the device):")
     for part in host_buffer_parts(sizes, geometry):
         lines.append(f"  {part.name:<44}{format_bytes(part.nbytes):>12}  {part.detail}")
-    lines += ["", ACTIVATION_NOTE]
-    return lines + warnings
+    thread_lines, thread_warnings = ocr_thread_lines(cfg.cluster, cfg.env)
+    lines += ["", *thread_lines, *([""] if thread_lines else []), ACTIVATION_NOTE]
+    return lines + thread_warnings + warnings  # a device that does not fit is the last line
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -31,6 +31,10 @@ class ClusterConfig:
     ship_code: bool = True
     # CPUs each worker reserves in its placement bundle
     cpus_per_worker: float = 1.0
+    # CPU threads of each env worker (torch, OpenMP, the OCR engines: reward.num_workers share them): reserved (its
+    # cpus_per_worker) | node (the CPUs its node has left after the other workers' reservations, shared by the env
+    # workers placed there: CPU OCR on a GPU node gets the cores the GPU workers do not use)
+    env_threads: str = "reserved"
     # seconds to wait for a worker call before declaring the worker dead
     worker_timeout_s: float = 1800.0
     # after a lost worker or node (runner.max_restarts): seconds to wait for the cluster to hold the placement again
@@ -191,8 +195,9 @@ class RewardConfig:
     rec_only: bool = False  # recognition-only OCR for single-line images
     frame_interval: int = 4  # video rewards: frames per chunk after frame 0; one reward per chunk (per latent frame)
     batch_size: int = 16  # images per scoring call of the reward model or OCR engine
-    # scorer threads of each env worker, each with its own OCR engine (cluster.cpus_per_worker / num_workers inference
-    # threads); the driver cuts each rollout round once into num_workers slices per env worker (rlrunner/step/shares.py)
+    # scorer threads of each env worker, each with its own OCR engine (the env worker's CPU threads, cluster.env_threads,
+    # / num_workers inference threads each); the driver cuts each rollout round once into num_workers slices per env
+    # worker (rlrunner/step/shares.py)
     num_workers: int = 1
     weight: float = 1.0  # weight of this reward (a part of a multi reward: its weight in the sum)
     alphabet: str = ""  # keep only these characters of the recognised text before scoring
@@ -262,7 +267,8 @@ class ModelKeys:
     model_path: str = ""  # the base model: a local diffusers folder or a hub id (org/name)
     # the model family (rlrunner/models/): tiny, sd3, flux1, wan22_ti2v_5b, ...; its section holds its settings
     model_type: str = "tiny"
-    # dtype of the base model's weights (LoRA weights train in fp32): bf16 | fp16 | fp32 (RLinf:
+    # dtype of the base model's weights (LoRA weights train in fp32), for the actor and the rollout alike: bf16 |
+    # fp32 (fp16 is refused: no loss scaling, so its gradients underflow) (RLinf:
     # actor.fsdp_config.mixed_precision.param_dtype)
     precision: str = "bf16"
     # true: bf16 / fp16 stay as asked on a CPU device too (slow; shows dtype mistakes without a GPU), else fp32

@@ -43,6 +43,12 @@ def _low_noise_scale(fallback: str) -> Rule:
                 f"null (= {fallback}) or a scale >= 1 for the low-noise expert")
 
 
+# no fp16: the actor trains its LoRA weights without loss scaling, so fp16 gradients underflow to zero silently; the
+# rollout samples in the same actor.model.precision (it has no key of its own), so the line names what to set
+_TRAINED_PRECISION = Rule(lambda p: p in PRECISIONS and p != "fp16",
+                          "bf16, or fp32 (fp16 trains the LoRA without loss scaling: its gradients underflow silently; "
+                          "the rollout samples in the same precision)")
+
 _FAMILY = {
     "resolution": Rule(_is_resolution, "a positive int (square) or [height, width] of positive ints"),
     "num_frames": Rule(lambda n: n >= 1 and (n - 1) % 4 == 0, "4k+1 (1, 5, 9, ...; 1 = image)"),
@@ -76,7 +82,7 @@ _FAMILY = {
 KEY_CHECKS: dict[str, Check] = {
     "actor.model.model_path": InPathTable("a local folder or a hub id"),
     "actor.model.model_type": Choice(names(MODEL_FAMILIES, first=("auto",))),
-    "actor.model.precision": Choice(names(PRECISIONS)),
+    "actor.model.precision": _TRAINED_PRECISION,
     "actor.model.device": Choice(names(DEVICE_NAMES)),
     "actor.model.half_precision_on_cpu": Free("bool"),
     **{f"actor.model.<family>.{key}": check for key, check in _FAMILY.items()},

@@ -103,6 +103,10 @@ def test_recipe_error_lives_in_its_own_module():
     ("algorithm.group_size=1", "algorithm.group_size=1 must be a number >= 2"),
     ("algorithm.nft_tau=1.5", "algorithm.nft_tau=1.5 must be a number in (0, 1]"),
     ("cluster.num_nodes=0", "cluster.num_nodes=0 must be a number >= 1"),
+    ("cluster.env_threads=nodes", "cluster.env_threads='nodes' is not valid (did you mean 'node'?)"),
+    # fp16 trains the LoRA without loss scaling; the rollout shares the key, so the line says what to set instead
+    ("actor.model.precision=fp16", ("actor.model.precision='fp16' must be bf16, or fp32 (fp16 trains the LoRA "
+                                    "without loss scaling: its gradients underflow silently")),
     ("actor.model.tiny.lora_alpha=0", "actor.model.tiny.lora_alpha=0 must be a number > 0"),
     ("env.eval.reward.timeout_s=0", "env.eval.reward.timeout_s=0.0 must be a number > 0"),
     ("env.train.reward.batch_size=0", "env.train.reward.batch_size=0 must be a number >= 1"),

@@ -252,3 +252,18 @@ def test_plan_errors_are_one_line_with_exit_2(tmp_path, capsys, setup, message):
     assert captured.out == ""
     assert captured.err.startswith("rlrunner: error: ") and captured.err.count("\n") == 1
     assert message in captured.err
+
+
+def test_plan_warns_when_ocr_gets_fewer_than_4_cpu_threads_per_env_worker(tiny_dirs, tmp_path, capsys):
+    folder = config_only_copy(tiny_dirs("sd3"), tmp_path / "configs")
+    warning = "WARNING: OCR (env.train.reward and env.eval.reward) gets 1 CPU thread(s) per env worker, fewer than 4"
+    # sd3_nft_ocr as it shipped before cluster.env_threads: each env worker's one reserved CPU
+    assert main(["sd3_nft_ocr", f"actor.model.model_path={folder}", "cluster.env_threads=reserved"]) == 0
+    assert warning in capsys.readouterr().out.splitlines()[-1]
+    assert main(["sd3_nft_ocr", f"actor.model.model_path={folder}", "cluster.env_threads=reserved",
+                 "cluster.cpus_per_worker=4"]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+    # as shipped: the node's CPUs shared by its env workers, sized at launch; the plan says so and does not warn
+    assert main(["sd3_nft_ocr", f"actor.model.model_path={folder}"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING" not in out and "cluster.env_threads=node" in out

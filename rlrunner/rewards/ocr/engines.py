@@ -156,8 +156,9 @@ def build_engine(name: str, *, lang: str = "en", use_gpu: bool = False, num_thre
 
 
 def default_num_threads(num_workers: int) -> int:
-    """Inference threads per engine so that ``num_workers`` concurrent engines share the worker's CPUs (its cluster
-    reservation, ``cluster.cpus_per_worker``, else this machine's cores) without oversubscribing."""
+    """Inference threads per engine so that ``num_workers`` concurrent engines share the worker's CPUs (what the
+    cluster sized it for: ``cluster.cpus_per_worker``, or with ``cluster.env_threads: node`` its share of its node's
+    CPUs; else this machine's cores) without oversubscribing."""
     return max(1, worker_cpus() // max(1, num_workers))
 
 
