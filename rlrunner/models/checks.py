@@ -5,29 +5,21 @@ line, before any worker starts; registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlrunner.algorithms.samplers import SAMPLERS
 from rlrunner.config.check_kinds import POSITIVE_INT, Check, Choice, Context, Free, InPathTable, Range, Rule, names
 from rlrunner.config.errors import fail as _fail
 from rlrunner.models import MODEL_FAMILIES
+from rlrunner.models.guidance import GUIDANCE_KINDS, Guidance
+from rlrunner.models.wan import CONDITION_MODES
+from rlrunner.models.wan_a14b import TRAIN_EXPERTS
 from rlrunner.utils.device import DEVICE_NAMES, PRECISIONS
 
 # ------------------------------------------------------------------------------------------- the keys' checks
-
-if TYPE_CHECKING:
-    from rlrunner.models.guidance import Guidance
-
-
-# _FAMILY (and _registry, which it reads its choice lists with) moved verbatim from rlrunner/config/checks.py, so
-# that the family-settings change made beside this move ports onto it; the other tables import their registries
-def _registry(module: str, name: str, *, first: tuple[str, ...] = ()) -> Callable[[], list[str]]:
-    """The names of registry ``module.name`` (a dict or tuple), imported when a recipe is checked."""
-    return lambda: [*first, *getattr(importlib.import_module(module), name)]
 
 
 def _is_resolution(res: Any) -> bool:
@@ -58,15 +50,15 @@ _FAMILY = {
     "eval_guidance_scale": Range(low=1, meaning="1 = no classifier-free guidance"),
     "guidance_scale_2": _low_noise_scale("guidance_scale"),
     "eval_guidance_scale_2": _low_noise_scale("eval_guidance_scale"),
-    "train_experts": Choice(_registry("rlrunner.models.wan_a14b", "TRAIN_EXPERTS")),
+    "train_experts": Choice(names(TRAIN_EXPERTS)),
     "negative_prompt": Free("any text"),
-    "train_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),
-    "eval_sampler": Choice(_registry("rlrunner.algorithms.samplers", "SAMPLERS")),
+    "train_sampler": Choice(names(SAMPLERS)),
+    "eval_sampler": Choice(names(SAMPLERS)),
     "shift": Rule(lambda s: s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0),
                   "null (the pipeline's own schedule) or a sigma shift > 0"),
-    "guidance": Choice(_registry("rlrunner.models.guidance", "GUIDANCE_KINDS")),
+    "guidance": Choice(names(GUIDANCE_KINDS)),
     "max_sequence_length": POSITIVE_INT,
-    "condition_mode": Choice(_registry("rlrunner.models.wan", "CONDITION_MODES")),
+    "condition_mode": Choice(names(CONDITION_MODES)),
     "use_lora": Rule(bool, "true: NFT keeps its old policy as a second LoRA adapter"),
     "lora_rank": POSITIVE_INT,
     "lora_alpha": Range(low=0, low_open=True),

@@ -1,5 +1,5 @@
 """The checks of the reward keys (``env.<split>.reward.*``, also each part of a multi reward), and across keys: the
-keys a reward model cannot do without (:data:`REWARD_NEEDS`), a video recipe's rewards agreeing with its frames
+keys a reward model cannot do without (:func:`reward_needs`, its class's ``needs``), a video recipe's rewards agreeing with its frames
 and advantages, and a GenEval prompt set holding GenEval records. Registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from rlrunner.rewards.ocr.engines import PADDLE_MODELS
 from rlrunner.rewards.registry import REWARD_TYPES, REWARDS
 from rlrunner.utils.device import PRECISIONS
 
-# reward keys that a reward model cannot do without
-REWARD_NEEDS = {"remote": ("url",), "geneval": ("url",), "vlm_ocr": ("base_url", "served_model"),
-                "aesthetic": ("head_path",),
-                **{judge: ("base_url", "served_model") for judge in ("unifiedreward", "unifiedreward2", "vlm_yesno")}}
+
+def reward_needs(model: str) -> tuple[str, ...]:
+    """The reward keys ``reward.model: model`` cannot do without (its class's ``needs``; () for a factory)."""
+    return getattr(REWARDS.get(model), "needs", ())
+
 # rewards that score one kind of input only (the others take images [B, H, W, 3] and frames [B, F, H, W, 3])
 IMAGE_ONLY_REWARDS = ("ocr", "vlm_ocr")
 VIDEO_ONLY_REWARDS = ("video_ocr",)
@@ -152,7 +153,7 @@ def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, 
         if cfg.env[split].reward.type == "multi":
             for problem in reward_part_problems(key, part, ctx):
                 _fail(problem)
-        for needed in REWARD_NEEDS.get(part["model"], ()):
+        for needed in reward_needs(part["model"]):
             if not part.get(needed):
                 _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards)")
     return parts

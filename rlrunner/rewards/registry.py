@@ -109,6 +109,9 @@ class Reward(ABC):
     #: True: ``__call__`` also takes ``metadata``, one dict per sample (the prompt's record of a .jsonl or .parquet
     #: dataset, ``{}`` when it has none); see :func:`score`.
     uses_metadata: bool = False
+    #: reward keys this reward cannot do without: the recipe check refuses an empty one before any worker starts
+    #: (rlrunner.rewards.checks), and the reward's constructor says what to put there
+    needs: tuple[str, ...] = ()
 
     def __init__(self, spec: RewardConfig) -> None:
         self.spec = spec  # the recipe's reward sub-config, read by the subclasses

@@ -152,6 +152,7 @@ class AestheticReward(ClipReward):
 
     default_model = "openai/clip-vit-large-patch14"
     uses_text = False
+    needs = ("head_path",)
 
     def __init__(self, spec: RewardConfig) -> None:
         if not spec.head_path:

@@ -40,6 +40,7 @@ class VlmJudgeReward(ServiceReward):
     template: ClassVar[str] = ""
     max_tokens: ClassVar[int] = 512
     address_key, secret_key, health_path = "base_url", "api_key_file", "/models"
+    needs = ("base_url", "served_model")
     address_hint = "e.g. http://127.0.0.1:8002/v1"
 
     def __init__(self, spec: RewardConfig) -> None:

@@ -43,6 +43,7 @@ class VlmOcrReward(ServiceReward):
     """
 
     address_key, secret_key, health_path = "base_url", "api_key_file", "/models"
+    needs = ("base_url", "served_model")
     address_hint = "e.g. http://127.0.0.1:8001/v1"
 
     def score_frames(self, frames: np.ndarray, prompts: list[str], reasons: list[str | None],

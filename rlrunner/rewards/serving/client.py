@@ -175,6 +175,7 @@ class ServiceReward(Reward):
     """
 
     address_key: ClassVar[str] = "url"
+    needs = ("url",)  # a base_url endpoint needs ("base_url", "served_model")
     secret_key: ClassVar[str] = "token_file"
     health_path: ClassVar[str] = "/health"
     address_hint: ClassVar[str] = "e.g. http://127.0.0.1:8000"
@@ -182,7 +183,7 @@ class ServiceReward(Reward):
     def __init__(self, spec: RewardConfig) -> None:
         super().__init__(spec)
         if self.address_key == "base_url":
-            if not spec.base_url or not spec.served_model:
+            if not all(getattr(spec, key) for key in self.needs):
                 raise ValueError(f"reward.model={spec.model} needs reward.base_url ({self.address_hint}) and "
                                  f"reward.served_model (the endpoint's model name, as in `vllm serve ... "
                                  f"--served-model-name NAME`)")
