@@ -47,7 +47,8 @@ def _with(name: str, base: type, fields: list[tuple[str, type]]) -> type:
 #: ``actor.model``: the model keys and one section per family, each holding the settings type its family declares. A
 #: section is declared a FamilyConfig, so that any FamilyConfig may be assigned to it (as tests and tools do).
 ModelConfig = make_dataclass(
-    "ModelConfig", [(name, FamilyConfig, field(default_factory=settings)) for name, settings in family_settings().items()],
+    "ModelConfig",
+    [(name, FamilyConfig, field(default_factory=settings)) for name, settings in family_settings().items()],
     bases=(schema.ModelKeys,), namespace={"__module__": __name__})
 ActorConfig = _with("ActorConfig", schema.ActorConfig, [("model", ModelConfig)])
 #: the schema a recipe is merged onto: :class:`rlrunner.config.schema.RecipeConfig` with the family sections

@@ -2,7 +2,7 @@
 it holds and what it may import, every module with the first paragraph of its docstring.
 
     bin/rlrunner python scripts/layout.py            # print it
-    bin/rlrunner python scripts/layout.py --write    # write docs/layout.md (tests/test_package_layout.py checks it is current)
+    bin/rlrunner python scripts/layout.py --write    # write docs/layout.md (tests/test_package_layout.py checks it)
 """
 
 from __future__ import annotations

@@ -160,7 +160,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     # optional to argparse, so that a missing name gets our line rather than argparse's (which calls the overrides
     # required too)
-    parser.add_argument("config_name", nargs="?", help="recipe file stem (examples/diffusion/config/) or path to a .yaml")
+    parser.add_argument("config_name", nargs="?",
+                        help="recipe file stem (examples/diffusion/config/) or path to a .yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.model.model_path=/models/sd35m")
     parser.add_argument("--device-memory", type=float, default=None, metavar="GIB",
                         help="memory per device in GiB to compare against (default: the accelerator visible here)")

@@ -32,7 +32,8 @@ class FamilyConfig:
     # two-expert models (Wan2.2 A14B): the low-noise expert's scales (null: the same as guidance_scale /
     # eval_guidance_scale, as diffusers' WanPipeline); guidance is on only when the high-noise scale is > 1
     guidance_scale_2: Any = None
-    eval_guidance_scale_2: Any = None  # two-expert models: the low-noise expert's eval scale (null = eval_guidance_scale)
+    # two-expert models: the low-noise expert's eval scale (null = eval_guidance_scale)
+    eval_guidance_scale_2: Any = None
     # two-expert models: which experts get LoRA adapters and train: both | high (transformer, sigma >= boundary)
     # | low (transformer_2); an expert without adapters samples as the base model
     train_experts: str = "both"

@@ -50,7 +50,8 @@ KEY_CHECKS: dict[str, Check] = {
     "algorithm.nft_decay_type": Choice(names(DECAY_SCHEDULES, first=("",))),
     "algorithm.nft_xcur_source": Choice(names(XCUR_SOURCES)),
     "algorithm.nft_train_timesteps": Choice(names(TRAIN_TIMESTEPS)),
-    "algorithm.nft_timesteps_per_sample": POSITIVE_INT,  # and <= num_steps with nft_xcur_source rollout (check_algorithm)
+    # and <= num_steps with nft_xcur_source rollout (check_algorithm)
+    "algorithm.nft_timesteps_per_sample": POSITIVE_INT,
     "algorithm.ref_kl_coef": Range(low=0, meaning="0 = no KL anchor"),
     "algorithm.reward_signal": Choice(fixed("reward", "none", "shuffle")),  # Runner.advantages
     "algorithm.flow_grpo_noise_level": Range(low=0, low_open=True, meaning="the SDE's noise level a"),

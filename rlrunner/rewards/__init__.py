@@ -7,9 +7,8 @@
         future = scorer.submit(images, prompts)
 
 Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibility``, the CLIP family ``pickscore``,
-``clipscore``, ``aesthetic``, ``hpsv2`` (``rewards/clip``), and the HTTP clients ``remote``
-(a reward server, ``python -m rlrunner.commands.serve_reward``; ``rewards/serving``), ``vlm_ocr`` (``rewards/ocr``), the VLM
-judges ``unifiedreward``, ``unifiedreward2``, ``vlm_yesno`` (``rewards/judges``) and ``geneval``
+``clipscore``, ``aesthetic``, ``hpsv2`` (``rewards/clip``), and the HTTP clients ``remote`` (a reward server,
+``bin/rlrunner serve_reward``; ``rewards/serving``), ``vlm_ocr`` (``rewards/ocr``), the VLM judges ``unifiedreward``, ``unifiedreward2``, ``vlm_yesno`` (``rewards/judges``) and ``geneval``
 (``rewards/geneval``, a detector server) (``reward.model``); types ``single`` and ``multi``
 (``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``). They register
 when this package imports their modules; rewards of other packages (entry points of group ``rlrunner.rewards``,

@@ -1,6 +1,6 @@
 """The checks of the reward keys (``env.<split>.reward.*``, also each part of a multi reward), and across keys: the
-keys a reward model cannot do without (:func:`reward_needs`, its class's ``needs``), a video recipe's rewards agreeing with its frames
-and advantages, and a GenEval prompt set holding GenEval records. Registered in :mod:`rlrunner.recipe`."""
+keys a reward model cannot do without (:func:`reward_needs`, its class's ``needs``), a video recipe's rewards
+agreeing with its frames and advantages, and a GenEval prompt set holding GenEval records. Registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations
 

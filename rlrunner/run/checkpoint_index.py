@@ -10,8 +10,8 @@ step N. Newest means last written (the manifest's UTC time, then the step), not 
 One rule per ``runner.resume_dir`` form (:func:`find_checkpoint`):
 
 * **a checkpoint folder** (``<run>/checkpoints/global_step_N``, or any folder holding a manifest): that checkpoint
-  and no other; one that does not read back (a ``.tmp`` one among them) is an error naming the file. When it is missing but the ``global_step_N.old`` copy of an interrupted re-save
-  is complete, that copy, with a warning.
+  and no other; one that does not read back (a ``.tmp`` one among them) is an error naming the file. When it is
+  missing but the ``global_step_N.old`` copy of an interrupted re-save is complete, that copy, with a warning.
 * **a run folder** (``<run>`` or ``<run>/checkpoints``): the run's newest complete checkpoint that reads back; each
   newer one that does not is skipped with a warning saying why; an error listing them when none reads back.
 * **auto**: the same rule over every run folder under the log root (where the launcher writes), counting only the

@@ -2,8 +2,9 @@
 
 OCR on the CPU (rapidocr, PaddleOCR; also ``use_gpu: true`` without a CUDA onnxruntime, which falls back to it)
 scores a rollout round on the env workers' threads; with ``cluster.env_threads: reserved`` they are the worker's
-``cluster.cpus_per_worker`` (1 by default: 8 threads score for a whole 8-GPU node). ``cluster.env_threads: node`` sizes them from each node's CPUs when the run starts, which the plan cannot
-see offline, so it names the rule instead of a number.
+``cluster.cpus_per_worker`` (1 by default: 8 threads score for a whole 8-GPU node). ``cluster.env_threads: node``
+sizes them from each node's CPUs when the run starts, which the plan cannot see offline, so it names the rule
+instead of a number.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ process, with the part functions of :meth:`RolloutParts.cut` (``per_rank_parts``
 pixels and the driver only what it logs. :class:`RolloutParts` reads the cut parts back by name (the order of the
 list is known here only):
 
-- ``train(group)``: the rows actor data-parallel group ``group`` trains on (:class:`~rlrunner.step.sample_order.TrainPlan`),
-  which every rank of that group fetches;
+- ``train(group)``: the rows actor data-parallel group ``group`` trains on
+  (:class:`~rlrunner.step.sample_order.TrainPlan`), which every rank of that group fetches;
 - ``scored``: pixels and prompts, for the env workers;
 - ``logged``: the samples among the step's first ``runner.num_logged_samples`` that the driver writes.
 

@@ -46,7 +46,8 @@ __all__ = ["Limits", "RewardService", "build_app", "serve"]  # Limits: limits.py
 def build_app(reward: Reward, limits: Limits, workers: int = 1, token: str = "",
               served_model: str = "rlrunner-ocr") -> web.Application:
     """The aiohttp application serving ``reward``; ``token`` empty = no authentication (loopback only)."""
-    app = web.Application(client_max_size=limits.max_request_bytes, middlewares=[deadline_phase, json_errors, bearer(token)])
+    app = web.Application(client_max_size=limits.max_request_bytes,
+                          middlewares=[deadline_phase, json_errors, bearer(token)])
     service = RewardService(reward, limits, workers, served_model)
     app.router.add_get("/health", service.health)
     app.router.add_post("/score", service.score)
