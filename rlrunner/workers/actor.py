@@ -105,8 +105,8 @@ class ActorWorker:
             # a context-parallel group's gradient is the sum of its ranks')
             share = len(micro) / len(batch) / draws
             with self.engine.accumulate(sync=index == len(passes) - 1):
-                loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw), draw,
-                                                       self._level_generators(micro, step))
+                levels = self._level_generators(micro, step) if draws > 1 else None  # one draw: its own level
+                loss, micro_metrics = self._micro_loss(micro, self._noise_generators(micro, step, draw), draw, levels)
                 (loss * (share * self.engine.gradient_scale)).backward()
             for name, value in micro_metrics.items():
                 metrics[name] += value * share
