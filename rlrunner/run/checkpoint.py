@@ -64,7 +64,6 @@ MANIFEST = "manifest.json"
 # tensors and plain values (weights_only loading); 2: actor/rank_0.pt; 1: per-rank actor states keyed by index
 FORMAT_VERSION = 3
 RUNNER_FILE, ACTOR_FILE = "runner.pt", "actor.pt"
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
 ASIDE = ".old"  # suffix of a checkpoint set aside while a re-save of its step is renamed in
 WRITING = ".tmp"  # suffix of a checkpoint being written (or of one a crash cut short)
 CHECKPOINT_DIR = re.compile(rf"^global_step_(\d+)(?:{re.escape(ASIDE)})?$")
