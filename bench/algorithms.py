@@ -46,6 +46,7 @@ class Variant:
 
 
 NFT = ["algorithm.name=nft", "algorithm.nft_beta=1.0"]  # the recipe before the sweep; it now ships beta 0.1
+NFT_NOW = ["algorithm.name=nft"]  # the recipe as it ships since that sweep (beta 0.1)
 AWM = ["algorithm.name=awm", "algorithm.ref_kl_coef=0.003", "algorithm.awm_timesteps_per_sample=2"]
 FLOW_GRPO = ["algorithm.name=flow_grpo", "actor.global_batch_size=16"]
 FLOW_GRPO_FAST = [*FLOW_GRPO, "algorithm.flow_grpo_sde_window_size=2"]
@@ -70,6 +71,21 @@ VARIANTS: dict[str, Variant] = {
                       [*NFT, "algorithm.ref_kl_coef=0.003"]),
     "nft_sampler_t": Variant("NFT, training t on the sampler's sigmas (`nft_train_timesteps: sampler`)",
                              [*NFT, "algorithm.nft_train_timesteps=sampler"], "nft"),
+    # issue 44's sweep, on the recipe as it ships (beta 0.1, tau [1.0, 0.1, 0, 20], one level per sample, no anchor)
+    "nft_beta0.05_kl": Variant("NFT, `nft_beta: 0.05`, `ref_kl_coef: 0.003`",
+                               [*NFT_NOW, "algorithm.nft_beta=0.05", "algorithm.ref_kl_coef=0.003"], "nft_now_kl"),
+    "nft_beta0.03_kl": Variant("NFT, `nft_beta: 0.03`, `ref_kl_coef: 0.003`",
+                               [*NFT_NOW, "algorithm.nft_beta=0.03", "algorithm.ref_kl_coef=0.003"], "nft_now_kl"),
+    "nft_now_kl": Variant("NFT, `nft_beta: 0.1`, `ref_kl_coef: 0.003`", [*NFT_NOW, "algorithm.ref_kl_coef=0.003"]),
+    # Flow-Factory caps the official schedule's eta at 0.5: the recipe's ramp (eta 0.9/20 per step), held at 0.5
+    "nft_eta0.5": Variant("NFT, eta capped at 0.5 (`nft_tau: [1.0, 0.5, 0, 11]`)",
+                          [*NFT_NOW, "algorithm.nft_tau=[1.0,0.5,0,11]"], "nft_now"),
+    **{f"nft_k{k}": Variant(f"NFT, {k} distinct noise levels per sample (`nft_timesteps_per_sample: {k}`)",
+                            [*NFT_NOW, f"algorithm.nft_timesteps_per_sample={k}"]) for k in (2, 4)},
+    # the official OCR trainer's two optimizer steps per rollout: 64 samples in two steps of 32
+    "nft_opt2": Variant("NFT, 2 optimizer steps per rollout (`actor.global_batch_size: 32`)",
+                        [*NFT_NOW, "actor.global_batch_size=32"]),
+    "nft_now": Variant("NFT as shipped (`nft_beta: 0.1`)", NFT_NOW, "nft"),
     "nft_cached": Variant("NFT on the rollout's states with cached v_old (`nft_xcur_source: rollout`)",
                           [*NFT, "algorithm.nft_xcur_source=rollout"]),
     # the anchor to the base model (official OCR value 0.003) keeps AWM from drifting at the recipe's lr 1e-3; 2 noise
