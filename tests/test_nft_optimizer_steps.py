@@ -20,12 +20,13 @@ from rlrunner.workers.rollout import RolloutWorker
 
 PROMPTS = ['a sign that says "2345"', 'a sign that says "2346"']
 ADVANTAGES = torch.linspace(-1.0, 1.0, 8)
-# SMALL_OVERRIDES: 8 samples per step in optimizer steps of actor.global_batch_size=4, micro-batches of 2
-TWO_STEPS = ["algorithm.nft_decay_type=linear_to_0_5"]
+# with SMALL_OVERRIDES' 8 samples per step in optimizer steps of actor.global_batch_size=4: 2 per rollout;
+# NVlabs' decay type 1 (0.001 per optimizer step) tells 1 counted step from 2
+OFFICIAL_DECAY = ["algorithm.nft_decay_type=linear_to_0_5"]
 
 
 def _actor_and_rollout(tmp_path, *overrides: str) -> tuple[ActorWorker, Batch]:
-    cfg = small_recipe(tmp_path, *TWO_STEPS, *overrides)
+    cfg = small_recipe(tmp_path, *OFFICIAL_DECAY, *overrides)
     actor = ActorWorker(cfg.actor, cfg.algorithm, num_train_steps=2)
     with torch.no_grad():  # the same move away from the EMA adapter in every actor: v_θ ≠ v_old from the start
         generator = torch.Generator().manual_seed(1)
@@ -36,7 +37,7 @@ def _actor_and_rollout(tmp_path, *overrides: str) -> tuple[ActorWorker, Batch]:
 
 
 def _half_loss(actor: ActorWorker, train: Batch, rows: list[int], step: int) -> torch.Tensor:
-    """The NFT loss of one optimizer step's samples in one pass (the actor splits it into micro-batches), each
+    """The NFT loss of one optimizer step's samples in one pass (the actor may split it into micro-batches), each
     sample's noise from its own seed (seed, step, position, draw 0)."""
     micro = train.select(torch.tensor(rows))
     micro.tensors.update(advantages=ADVANTAGES[rows], sample_index=torch.tensor(rows))
