@@ -208,17 +208,32 @@ def reference_scheduler(model: Any) -> Any:
 
     class GridEulerScheduler(FlowMatchEulerDiscreteScheduler):
         def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
-            grid = grid_fn(num_inference_steps or len(sigmas))
-            super().set_timesteps(sigmas=list(map(float, grid)), device=device)
+            num_steps = num_inference_steps or len(sigmas)
+            super().set_timesteps(sigmas=list(map(float, grid_fn(num_steps))), device=device)
+            if shift is None:  # the loop gets the own scheduler's timesteps (UniPC: int64), as the pipeline's does
+                self.timesteps = _solver_timesteps(own, num_steps).to(self.timesteps.device)
+
+        def step(self, model_output, timestep, sample, *args, **kwargs):
+            # Euler steps by its step index (the pipeline sets the begin index); it refuses integer timesteps
+            return super().step(model_output, torch.as_tensor(timestep).float(), sample, *args, **kwargs)
 
     return GridEulerScheduler(shift=float(shift) if shift is not None else 1.0)
 
 
-def _solver_grid(scheduler: Any, num_steps: int) -> np.ndarray:
-    """The first ``num_steps`` sigmas of ``scheduler``'s own grid at ``num_steps`` steps (a fresh copy)."""
+def _fresh(scheduler: Any, num_steps: int) -> Any:
     fresh = type(scheduler).from_config(scheduler.config)
     fresh.set_timesteps(num_steps, device="cpu")
-    return np.asarray(fresh.sigmas, dtype=np.float64)[:num_steps]
+    return fresh
+
+
+def _solver_grid(scheduler: Any, num_steps: int) -> np.ndarray:
+    """The first ``num_steps`` sigmas of ``scheduler``'s own grid at ``num_steps`` steps (a fresh copy)."""
+    return np.asarray(_fresh(scheduler, num_steps).sigmas, dtype=np.float64)[:num_steps]
+
+
+def _solver_timesteps(scheduler: Any, num_steps: int) -> torch.Tensor:
+    """The ``num_steps`` timesteps (in their dtype) of ``scheduler``'s own grid at ``num_steps`` steps."""
+    return _fresh(scheduler, num_steps).timesteps[:num_steps]
 
 
 @torch.no_grad()

@@ -340,6 +340,10 @@ class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
         """The adapter's LoRA tensors in a fixed order (the same order for both adapters)."""
         return self._adapters().parameters(adapter)
 
+    def adapter_named_parameters(self, adapter: str) -> dict[str, torch.Tensor]:
+        """The adapter's live LoRA tensors keyed as :meth:`lora_state_dict` (no copy, no gather)."""
+        return self._adapters().named_parameters(adapter)
+
     def lora_state_dict(self, adapter: str) -> dict[str, torch.Tensor]:
         """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached full copies, CPU).
 

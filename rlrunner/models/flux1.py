@@ -28,7 +28,7 @@ from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.guidance import recipe_kind
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.qwen_image import pack_latents, unpack_latents
-from rlrunner.models.schedules import token_shift_kwargs
+from rlrunner.models.schedules import scaled_timestep, token_shift_kwargs
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
@@ -140,8 +140,7 @@ class Flux1FlowModel(FlowModel):
         img_ids = self.pipe._prepare_latent_image_ids(batch, h // 2, w // 2, latents.device, self.dtype)
         packed = self.transformer(
             hidden_states=pack_latents(latents.to(self.dtype)),
-            # as the pipeline: its 1000-scale timestep in the model dtype, divided by 1000
-            timestep=(t.float() * 1000).to(self.dtype) / 1000,
+            timestep=scaled_timestep(t, self.dtype),  # the pipeline's bf16(1000 sigma) / 1000
             guidance=guidance,
             pooled_projections=cond["pooled_prompt_embeds"],
             encoder_hidden_states=embeds,

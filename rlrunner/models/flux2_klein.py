@@ -7,7 +7,8 @@ Mirrors ``diffusers.Flux2KleinPipeline``:
   transformer sees the padding tokens (the pipeline passes no mask), so neither do we.
 * the flow lives in the transformer's latent space: the VAE's ``[B, 32, H/8, W/8]`` latents in 2x2 patches
   ``[B, 128, H/16, W/16]``, normalised by the VAE's batch-norm statistics. The transformer takes them flattened to
-  tokens with 4-axis position ids (``img_ids``, ``txt_ids``) and ``timestep = sigma``.
+  tokens with 4-axis position ids (``img_ids``, ``txt_ids``) and ``timestep = sigma`` (as
+  the pipeline's ``bf16(1000 sigma) / 1000`` in bf16).
 * guidance: ``cfg`` (klein base: ``neg + s (cond - neg)`` with the empty prompt as negative) or ``none`` (the
   step-distilled klein: the folder's ``model_index.json`` says ``is_distilled: true``; ``auto`` reads it).
 * schedule: sigmas ``linspace(1, 1/N, N)`` and ``mu = compute_empirical_mu(image tokens, N)``: it depends on the
@@ -28,6 +29,7 @@ from torch import nn
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.guidance import recipe_kind
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
+from rlrunner.models.schedules import scaled_timestep
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
@@ -150,7 +152,7 @@ class Flux2KleinFlowModel(FlowModel):
         embeds = cond["prompt_embeds"]
         out = self.transformer(
             hidden_states=latents.reshape(b, c, h * w).transpose(1, 2),
-            timestep=t.to(self.dtype),
+            timestep=scaled_timestep(t, self.dtype),  # the pipeline's bf16(1000 sigma) / 1000
             guidance=None,
             encoder_hidden_states=embeds,
             txt_ids=self.pipe._prepare_text_ids(embeds).to(latents.device),

@@ -166,21 +166,23 @@ class LoraAdapters:
     # ------------------------------------------------------------------ tensors
     def parameters(self, adapter: str) -> list[torch.Tensor]:
         """The adapter's LoRA tensors in a fixed order (the same order for both adapters)."""
-        return [p for n, p in self.denoiser.named_parameters() if f".{adapter}." in n]
+        return list(self.named_parameters(adapter).values())
+
+    def named_parameters(self, adapter: str) -> dict[str, torch.Tensor]:
+        """The adapter's live LoRA tensors (sharded ones as DTensors), keyed as :meth:`state_dict`, in that order."""
+        return {n.replace(f".{adapter}.", "."): p for n, p in self.denoiser.named_parameters() if f".{adapter}." in n}
 
     def state_dict(self, adapter: str) -> dict[str, torch.Tensor]:
         """LoRA tensors of ``adapter`` with the adapter name stripped from the keys (detached full copies, CPU).
 
         Tensors sharded over ranks (DTensors, FSDP2) are gathered, so every rank of the group must call it.
         """
-        return {n.replace(f".{adapter}.", "."): full_tensor(p.detach()).cpu().clone()
-                for n, p in self.denoiser.named_parameters() if f".{adapter}." in n}
+        return {n: full_tensor(p.detach()).cpu().clone() for n, p in self.named_parameters(adapter).items()}
 
     @torch.no_grad()
     def load_state_dict(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
         """Copy ``state`` (as returned by :meth:`state_dict`) into ``adapter``; keys and shapes must match."""
-        params = {n.replace(f".{adapter}.", "."): p for n, p in self.denoiser.named_parameters()
-                  if f".{adapter}." in n}
+        params = self.named_parameters(adapter)
         missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         if missing or unexpected:
             raise ValueError(f"LoRA state does not match the {adapter!r} adapter: missing {missing[:3]}"

@@ -7,7 +7,8 @@ Mirrors ``diffusers.QwenImagePipeline``:
   passes ``mask = None`` when nothing is padded; we keep the mask in the conditioning (so batches concatenate)
   and hand ``None`` to the transformer in exactly that case.
 * latents ``[B, 16, H/8, W/8]`` are packed into 2x2 patches ``[B, (H/16)(W/16), 64]`` for the transformer and
-  unpacked after; ``img_shapes = [(1, H/16, W/16)]`` per sample; the transformer takes ``timestep = sigma``.
+  unpacked after; ``img_shapes = [(1, H/16, W/16)]`` per sample; the transformer takes ``timestep = sigma``
+  (as the pipeline's ``bf16(1000 sigma) / 1000`` in bf16).
 * guidance (``true_cfg_scale``): the plain combination rescaled, per packed token, to the conditional
   prediction's norm (:meth:`QwenImageFlowModel.combine_guidance`).
 * decoding: ``vae.decode(latents * latents_std + latents_mean)`` on a 1-frame video, in float32.
@@ -26,7 +27,7 @@ from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.ragged_text import concat_padded
-from rlrunner.models.schedules import token_shift_kwargs
+from rlrunner.models.schedules import scaled_timestep, token_shift_kwargs
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
@@ -138,7 +139,7 @@ class QwenImageFlowModel(FlowModel):
             mask = None  # as the pipeline: no mask when nothing is padded
         packed = self.transformer(
             hidden_states=pack_latents(latents.to(self.dtype)),
-            timestep=t.to(self.dtype),
+            timestep=scaled_timestep(t, self.dtype),  # the pipeline's bf16(1000 sigma) / 1000
             encoder_hidden_states=embeds,
             encoder_hidden_states_mask=mask,
             img_shapes=[[(1, h // 2, w // 2)]] * batch,

@@ -43,13 +43,41 @@ def token_shift_kwargs(scheduler_config: dict[str, Any], num_steps: int, image_t
             "mu": token_shift_mu(scheduler_config, image_tokens)}
 
 
+def _fresh_schedule(scheduler: Any, set_timesteps_kwargs: dict[str, Any]) -> Any:
+    """A fresh scheduler of ``scheduler``'s class and config after ``set_timesteps(**kwargs)`` (the caller's
+    scheduler is not touched)."""
+    fresh = type(scheduler).from_config(scheduler.config)
+    fresh.set_timesteps(**set_timesteps_kwargs, device="cpu")
+    return fresh
+
+
 def pipeline_sigmas(scheduler: Any, set_timesteps_kwargs: dict[str, Any]) -> torch.Tensor:
     """The ``[N + 1]`` float32 sigma grid (1 → 0) that ``scheduler.set_timesteps(**kwargs)`` produces, on a fresh
     scheduler of the same class and config (the caller's scheduler is not touched)."""
-    fresh = type(scheduler).from_config(scheduler.config)
-    fresh.set_timesteps(**set_timesteps_kwargs, device="cpu")
+    fresh = _fresh_schedule(scheduler, set_timesteps_kwargs)
     sigmas = torch.as_tensor(fresh.sigmas, dtype=torch.float32).flatten()
     if sigmas.numel() < 2 or float(sigmas[-1]) != 0.0:
         raise ValueError(f"{type(scheduler).__name__}.set_timesteps({set_timesteps_kwargs}) gave sigmas ending at "
                          f"{float(sigmas[-1]):.4g}, not 0; set the family's shift to sample on rlrunner's own grid")
     return sigmas
+
+
+def pipeline_timestep_dtype(scheduler: Any, set_timesteps_kwargs: dict[str, Any]) -> torch.dtype:
+    """The dtype of the timesteps ``scheduler.set_timesteps(**kwargs)`` hands the pipeline's loop: float32 for the
+    flow-matching Euler scheduler, int64 (``1000 * sigma`` truncated) for UniPC and the other multistep solvers."""
+    return _fresh_schedule(scheduler, set_timesteps_kwargs).timesteps.dtype
+
+
+def integer_timestep(sigma: torch.Tensor) -> torch.Tensor:
+    """``[B]`` sigmas -> the int64 ``1000 * sigma`` (truncated) that a multistep scheduler (Wan's UniPC) gives its
+    pipeline: ``(sigmas * num_train_timesteps).astype(int64)``. The product is rounded in float32: where the
+    scheduler's float64 ``1000 * sigma`` is a whole number (sigma 0.95), the float32 sigma times 1000 in float64
+    would fall just below it and truncate one lower."""
+    return (sigma.float() * 1000).to(torch.int64)
+
+
+def scaled_timestep(sigma: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B]`` sigmas -> ``timestep / 1000`` as the FLUX.1, FLUX.2 and Qwen-Image pipelines pass it: the float32
+    ``1000 * sigma`` cast to the model dtype, then divided by 1000 in that dtype. In bf16 this differs from
+    ``sigma.to(bf16)`` by one bf16 step for about a quarter of the sigmas."""
+    return (sigma.float() * 1000).to(dtype) / 1000

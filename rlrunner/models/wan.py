@@ -11,7 +11,8 @@ Mirrors ``diffusers.WanPipeline`` for text-to-video (``condition_mode: t2v``):
 * ``num_frames`` = 4k + 1 (1 = a single image, decoded as ``[B, H, W, 3]``); latent frames
   ``1 + (num_frames - 1) / 4`` (4x temporal VAE); latent size ``H/s x W/s`` with the VAE's
   ``scale_factor_spatial`` s and ``z_dim`` channels.
-* the transformer gets ``timestep = 1000 * sigma``; with the pipeline config's ``expand_timesteps`` (Wan2.2
+* the transformer gets ``timestep = 1000 * sigma``, int64 (truncated) where the folder's scheduler is UniPC as
+  the pipeline's loop passes it; with the pipeline config's ``expand_timesteps`` (Wan2.2
   TI2V) it is expanded to one timestep per patch token, ``[B, F * (h/2) * (w/2)]``, exactly as the pipeline
   builds it from its all-ones t2v mask.
 * prompts are encoded by the pipeline's ``encode_prompt`` (UMT5, zero-padded to ``max_sequence_length``).
@@ -28,6 +29,7 @@ import torch
 
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
+from rlrunner.models.schedules import integer_timestep, pipeline_timestep_dtype
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.shapes import SampleShapes
 
@@ -112,6 +114,8 @@ class WanFlowModel(FlowModel):
             if self._option("vae_slicing"):
                 self.vae.enable_slicing()
         self.expand_timesteps = bool(pipe.config.expand_timesteps)
+        # UniPC (the Wan folders' scheduler) hands the pipeline int64 timesteps, flow-matching Euler float32 ones
+        self.integer_timesteps = pipeline_timestep_dtype(pipe.scheduler, self.schedule_kwargs(2)) == torch.int64
         self.num_frames = int(self.cfg.num_frames)
         self.patch_size = tuple(pipe.transformer.config.patch_size)
 
@@ -163,12 +167,15 @@ class WanFlowModel(FlowModel):
     def transformer_timestep(self, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """``[B]`` sigmas -> the transformer's timestep: ``[B]``, or ``[B, seq_len]`` with ``expand_timesteps``.
 
-        The pipeline builds ``(mask[0][0][:, ::p_h, ::p_w] * t).flatten()`` from an all-ones t2v mask
-        ``[B, C, F', h, w]``; the result is ``1000 * sigma`` on each of the ``F' * (h / p_h) * (w / p_w)`` tokens.
+        ``1000 * sigma`` in the dtype of the folder's scheduler's timesteps: int64 (truncated) under UniPC, float32
+        under flow-matching Euler. The pipeline builds the expanded form as ``(mask[0][0][:, ::p_h, ::p_w] *
+        t).flatten()`` from an all-ones float32 t2v mask ``[B, C, F', h, w]``: float32 on each of the
+        ``F' * (h / p_h) * (w / p_w)`` tokens.
         """
-        timestep = t.float() * 1000
+        timestep = integer_timestep(t) if self.integer_timesteps else t.float() * 1000
         if not self.expand_timesteps:
             return timestep
+        timestep = timestep.float()  # float32 mask times the scheduler's timestep
         _, _, frames, height, width = latents.shape
         seq_len = frames * (height // self.patch_size[1]) * (width // self.patch_size[2])
         return timestep[:, None].expand(-1, seq_len)

@@ -44,6 +44,12 @@ ZIMAGE_LORA_TARGETS = (
 )
 
 
+def pipeline_time(t: torch.Tensor) -> torch.Tensor:
+    """``[B]`` sigmas -> the transformer's time as the pipeline computes it from its float32 timesteps ``1000 *
+    sigma``: ``(1000 - timestep) / 1000``, which is not always bitwise ``1 - sigma``."""
+    return (1000 - t.float() * 1000) / 1000
+
+
 @dataclass
 class ZImageSettings(FamilyConfig):
     """``actor.model.zimage`` (Z-Image / Z-Image-Turbo): 1024^2 and 512 text tokens as ZImagePipeline; LoRA r32 as
@@ -116,7 +122,7 @@ class ZImageFlowModel(FlowModel):
         """latents ``[B, C, h, w]``, t ``[B]`` sigmas -> v ``[B, C, h, w]``: the negated transformer output."""
         out = self.transformer(
             list(latents.to(self.dtype).unsqueeze(2).unbind(0)),
-            1.0 - t.float(),  # the pipeline's (1000 - 1000 sigma) / 1000, kept in float32 as there
+            pipeline_time(t),
             unstack_ragged(cond["prompt_embeds"], cond["prompt_mask"]),
             return_dict=False,
         )[0]
@@ -133,7 +139,7 @@ class ZImageFlowModel(FlowModel):
         plain = super().guided_velocity_fn(cond)
 
         def velocity_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            truncated = (1.0 - t.float()) > truncation
+            truncated = pipeline_time(t) > truncation
             if bool(truncated.all()):
                 return plain(x, t).float()
             if not bool(truncated.any()):

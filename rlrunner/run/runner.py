@@ -26,13 +26,13 @@ from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_n
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.cluster.checks import check_placement
 from rlrunner.data.prompts import PromptSampler, load_datasets
-from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.run.checkpoint import complete_checkpoints
 from rlrunner.run.preemption import FINISHED, Preempted, StopSignals
 from rlrunner.run.run_checkpoints import RunCheckpoints
 from rlrunner.run.supervisor import supervise
+from rlrunner.run.weight_sync import WeightSync
 from rlrunner.step.batch import Batch
 from rlrunner.step.data_plane import RolloutParts
 from rlrunner.step.device_turns import DeviceTurns
@@ -54,7 +54,7 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts])) for k in dicts[0]}
 
 
-class Runner(RunCheckpoints):
+class Runner(RunCheckpoints, WeightSync):
     def __init__(self, cfg: DictConfig, log_dir: Path, cluster: Any, *, resume_dir: str | None = None,
                  run_logger: RunLogger | None = None, stop_requested: Callable[[], str] | None = None) -> None:
         """Start the workers on ``cluster``, resume (``resume_dir``, default ``runner.resume_dir``), then open the
@@ -89,7 +89,7 @@ class Runner(RunCheckpoints):
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
         self.ahead: RolloutAhead | None = None
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
-        self.rollout_adapters: dict[str, dict[str, torch.Tensor]] = {}  # the last sync's, as the rollout holds them
+        self.rollout_adapters: dict[str, Any] = {}  # the last sync's (flat per adapter), as the rollout holds them
         self.synced_step = -1  # the global step whose adapters the last sync sent
         self.saved_step = -1  # the global step of the newest checkpoint of this run (or the one it resumed)
         model = cfg.actor.model
@@ -278,26 +278,13 @@ class Runner(RunCheckpoints):
                                f"steps skipped); lower actor.optim.lr or check the rewards/model precision")
         return {f"train/actor/{k}": v for k, v in metrics.items()}
 
-    def sync_weights(self) -> None:
-        """Send the actor's LoRA tensors (never base weights) to every rollout worker."""
-        self.rollout_adapters = self.turns.actor_call("lora_weights")[0]  # all ranks gather (FSDP2), rank 0 returns
-        self.rollout.call("sync_weights", self.rollout_adapters)
-        self.synced_step = self.step
-
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
         tqdm.write(eval_line(self.step, len(self.eval_prompts), self.cfg.actor.model), file=sys.stderr)
-        with timer("eval"):
-            # between weight syncs (runner.weight_sync_interval > 1) the rollout holds the last sync's adapters: the
-            # eval scores the trained one, then training rollouts go on with the last sync's until the next sync
-            if stale := self.synced_step != self.step:
-                trained = self.turns.actor_call("lora_weights")[0][TRAINED_ADAPTER]
-                self.rollout.call("sync_weights", {TRAINED_ADAPTER: trained})
+        with timer("eval"), self.trained_adapter_on_rollout():  # the eval samples the trained adapter
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(range(len(self.eval_prompts))), 1, "eval", timer, step=0)
-            if stale:
-                self.rollout.call("sync_weights", {TRAINED_ADAPTER: self.rollout_adapters[TRAINED_ADAPTER]})
         metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", rollout.logged, reward)
@@ -370,7 +357,7 @@ class RolloutAhead:
 
     rows: list[int]  # of the training prompt set
     step: int
-    adapters: dict[str, dict[str, torch.Tensor]]  # LoRA tensors the rollout workers sampled it with
+    adapters: dict[str, Any]  # LoRA tensors the rollout workers sampled it with (flat per adapter)
     future: Future
     timer: StepTimer
 

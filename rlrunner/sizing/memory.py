@@ -29,6 +29,7 @@ from rlrunner.models.shapes import SampleShapes
 from rlrunner.objectives import build_objective
 from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
 from rlrunner.utils.device import PRECISIONS, resolve_dtype
+from rlrunner.utils.flat_state import sync_buffer_bytes
 
 DENOISER_NAMES = ("transformer", "unet")
 VAE_NAME = "vae"
@@ -275,6 +276,8 @@ def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpo
         Part("actor", "LoRA adapter ema", lora, "same shapes as default", swapped=True),
         Part("actor", "LoRA gradients", lora, "fp32, default adapter only", transient=True),
         Part("actor", "AdamW state", ADAMW_STATES * lora, "exp_avg + exp_avg_sq, fp32", swapped=True),
+        Part("actor", "weight sync buffer", sync_buffer_bytes(sizes.lora_params, shards), "one adapter, flat",
+             transient=True),
         Part("actor", "micro-batch inputs", 2 * sizes.latent_bytes(mb) + sizes.cond_bytes(mb),
              f"x0 + x_t fp32 and conditioning for {mb} samples", transient=True),
     ])

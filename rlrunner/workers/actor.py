@@ -14,10 +14,11 @@ import torch
 from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
 from rlrunner.cluster.parallelize import local_shards, parallelize
 from rlrunner.config.paths import node_paths
-from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, build_model
+from rlrunner.models import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.step.batch import Batch
 from rlrunner.step.sample_order import level_seed, noise_seed
+from rlrunner.utils.flat_state import FlatState, gather_flat, unpack_flat
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
 
@@ -154,12 +155,17 @@ class ActorWorker:
                     local_shards(self.model.adapter_parameters(TRAINED_ADAPTER)), tau)
         return tau
 
-    def lora_weights(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        """Both adapters' full LoRA tensors (CPU), for the rollout workers. Every rank must call it (FSDP2
-        gathers the shards); rank 0 returns them, the others None."""
+    def lora_weights(self, adapters: tuple[str, ...] = ADAPTERS,
+                     flat: bool = False) -> dict[str, FlatState] | dict[str, dict[str, torch.Tensor]] | None:
+        """The full LoRA tensors (CPU) of ``adapters`` (a weight sync asks only for those the rollout samples with),
+        each adapter gathered as one flat buffer (:mod:`rlrunner.utils.flat_state`) and returned so with ``flat``,
+        else unpacked into name -> tensor. Every rank must call it (FSDP2: one all-gather per adapter); rank 0
+        returns them, the others None."""
         with self.on_device():
-            weights = {name: self.model.lora_state_dict(name) for name in (TRAINED_ADAPTER, EMA_ADAPTER)}
-        return weights if self.rank == 0 else None
+            weights = {name: gather_flat(self.model.adapter_named_parameters(name)) for name in adapters}
+        if self.rank != 0:
+            return None
+        return weights if flat else {name: unpack_flat(packed) for name, packed in weights.items()}
 
     def offload(self) -> None:
         """Denoiser and optimizer state to host memory, freeing the device for a collocated rollout worker."""

@@ -11,6 +11,7 @@ from rlrunner.config.paths import node_paths
 from rlrunner.models import TRAINED_ADAPTER, build_model
 from rlrunner.objectives import build_objective
 from rlrunner.step.batch import Batch
+from rlrunner.utils.flat_state import FlatState, is_flat, unpack_flat
 from rlrunner.utils.seeding import derive_seed
 
 
@@ -132,7 +133,9 @@ class RolloutWorker:
     def onload(self) -> None:
         self.model.offload_transformer(False)
 
-    def sync_weights(self, adapters: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Load LoRA tensors (only the adapters, never base weights) sent by the actor."""
+    def sync_weights(self, adapters: dict[str, FlatState | dict[str, torch.Tensor]]) -> None:
+        """Load the LoRA tensors (only adapters, never base weights) the actor sent: per adapter one flat buffer
+        (:func:`rlrunner.utils.flat_state.gather_flat`), unpacked by name and shape, or a name -> tensor dict (a
+        checkpoint written before the flat sync). Adapters not sent keep what they hold."""
         for name, state in adapters.items():
-            self.model.load_lora_state_dict(name, state)
+            self.model.load_lora_state_dict(name, unpack_flat(state) if is_flat(state) else state)
