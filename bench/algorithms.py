@@ -79,7 +79,7 @@ VARIANTS: dict[str, Variant] = {
     "nft_now_kl": Variant("NFT, `nft_beta: 0.1`, `ref_kl_coef: 0.003`", [*NFT_NOW, "algorithm.ref_kl_coef=0.003"]),
     # Flow-Factory caps the official schedule's eta at 0.5: the recipe's ramp (eta 0.9/20 per step), held at 0.5
     "nft_eta0.5": Variant("NFT, eta capped at 0.5 (`nft_tau: [1.0, 0.5, 0, 11]`)",
-                          [*NFT_NOW, "algorithm.nft_tau=[1.0,0.5,0,11]"], "nft_now"),
+                          [*NFT_NOW, "algorithm.nft_tau=[1.0,0.5,0,11]"], "nft"),
     **{f"nft_k{k}": Variant(f"NFT, {k} distinct noise levels per sample (`nft_timesteps_per_sample: {k}`)",
                             [*NFT_NOW, f"algorithm.nft_timesteps_per_sample={k}"]) for k in (2, 4)},
     # the official OCR trainer's two optimizer steps per rollout: 64 samples in two steps of 32
