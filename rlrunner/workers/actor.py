@@ -58,8 +58,9 @@ class ActorWorker:
         self.objective = build_objective(algorithm_cfg, self.family_cfg)
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
         # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes, so it
-        # loads neither text encoders nor VAE (not even into host memory)
-        self.model = build_model(actor_cfg.model, denoiser_only=True)
+        # loads neither text encoders nor VAE (not even into host memory); parallelize places the denoiser (FSDP2:
+        # shard by shard, so the device never holds it whole)
+        self.model = build_model(actor_cfg.model, denoiser_only=True, denoiser_on_host=True)
         grouped = init_distributed(rank, world_size, self.model.device.type, one_rank_group=actor_cfg.one_rank_group)
         self.engine = parallelize(self.model, actor_cfg.strategy, world_size, actor_cfg.context_parallel_size,
                                   actor_cfg.context_parallel_mode, one_rank_group=grouped)
