@@ -91,3 +91,37 @@ def test_a14b_trains_as_one_device_under_ddp_and_fsdp2_with_and_without_cp(tmp_p
                 assert ours["idle_calls"] == 0, f"{scenario}: FSDP2 gathered an expert that no rank runs"
     # DDP needs the idle expert's zero gradient in every training micro-batch of one row
     assert rank_results(tmp_path / "idle_expert", "ddp_cp2", 2)["idle_calls"] > 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_a14b_recipe_trains_with_actor_cp2_and_micro_batch_1_through_the_launcher(tmp_path, tiny_dirs):
+    """The shipped recipe (FSDP2, both experts, micro-batch 1, Ray) on the tiny two-expert folder with the actor and
+    the rollout context parallel over 2 devices: 2 steps through run_diffusion.sh (it crashed at the first update)."""
+    import json
+    import math
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    tiny_ocr = root / "examples/diffusion/data/tiny_ocr"
+    overrides = [f"actor.model.model_path={tiny_dirs(A14B)}", "actor.model.device=cpu", "actor.model.precision=fp32",
+                 *[f"actor.model.{A14B}.{s}" for s in SETTINGS],
+                 "actor.context_parallel_size=2", "rollout.context_parallel_size=2", "actor.micro_batch_size=1",
+                 "actor.global_batch_size=4", "algorithm.group_size=2", "env.train.total_num_envs=4",
+                 "env.eval.total_num_envs=2", "cluster.num_devices_per_node=2", "cluster.worker_timeout_s=300",
+                 *(f"env.{split}.{key}" for split in ("train", "eval")
+                   for key in ("reward.model=jpeg_compressibility", f"dataset.path={tiny_ocr}")),
+                 "runner.max_steps=2", "runner.val_check_interval=0", "runner.val_before_train=false",
+                 "runner.save_interval=0", "runner.sample_log_interval=0"]
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(tmp_path),
+           "HOME": os.environ.get("HOME", str(tmp_path))}
+    result = subprocess.run(["bash", str(root / "examples/diffusion/run_diffusion.sh"), "wan22_t2v_a14b_nft_video_ocr",
+                             *overrides], cwd=root, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/actor/nft_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["train/actor/nft_loss"]) and r["train/actor/grad_norm"] > 0 for r in steps)
