@@ -83,7 +83,6 @@ class _TrainedVelocity(nn.Module):
 class DDPEngine(Engine):
     def __init__(self, model: Any, mesh: Any, context_parallel_size: int) -> None:
         super().__init__(model, context_parallel_size)
-        model.place_transformer()  # DDP holds the whole model on every rank
         # buffers are identical on every rank (same files, same seeded LoRA init): no per-forward broadcast. Every
         # LoRA tensor gets a gradient in every backward (a family leaves no adapter where the model discards the
         # output, and an idle expert gets a zero one: tests/models/test_family_parallel.py), so no unused-parameter
@@ -174,18 +173,29 @@ def parallelize(model: Any, strategy: str, world_size: int, context_parallel_siz
     shards, so the optimizer must be given ``model.trainable_parameters()`` afterwards. With one rank the model is
     wrapped only when ``one_rank_group`` (a process group of one was formed, ``init_distributed(one_rank_group=True)``).
 
-    It places the denoiser on ``model.device`` (the actor builds it in host memory, ``build_model(denoiser_on_host=
-    True)``): whole for one rank and DDP, one block at a time under FSDP2, which keeps only each rank's shards there.
+    FSDP2 takes a denoiser still in host memory to the device one block at a time, keeping each rank's shards there
+    (the actor builds it so where :func:`shards_from_host` says).
     """
     if strategy not in ENGINES:
         raise ValueError(f"actor.strategy={strategy!r} is not valid; choose one of {list(ENGINES)}")
-    if world_size == 1 and not one_rank_group:
-        model.place_transformer()
+    if not _wraps(world_size, one_rank_group):
         return Engine(model)
     mesh = parallel_mesh(model.device.type, world_size, context_parallel_size, context_parallel_mode)
     if context_parallel_size > 1:
         model.enable_context_parallel(mesh)  # hooks first, on the modules FSDP2 then shards
     return ENGINES[strategy](model, mesh, context_parallel_size)
+
+
+def shards_from_host(strategy: str, world_size: int, one_rank_group: bool) -> bool:
+    """Whether :func:`parallelize` applies FSDP2 (``strategy`` over ``world_size`` ranks, ``actor.one_rank_group``):
+    then the denoiser is built in host memory (``build_model(denoiser_on_host=True)``) and reaches the device shard
+    by shard, never whole."""
+    return strategy == "fsdp2" and _wraps(world_size, one_rank_group)
+
+
+def _wraps(world_size: int, one_rank_group: bool) -> bool:
+    """Whether :func:`parallelize` wraps the model: several ranks, or a process group of one."""
+    return world_size > 1 or one_rank_group
 
 
 def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

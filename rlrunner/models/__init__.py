@@ -41,8 +41,9 @@ def detect_model_type(model_path: str) -> str:
 def build_model(model_cfg: Any, denoiser_only: bool = False, denoiser_on_host: bool = False) -> FlowModel:
     """Load ``model_cfg.model_type`` from ``model_cfg.model_path`` with its family settings and LoRA adapters;
     ``denoiser_only``: without text encoders and VAE (the actor's model), which are then never read;
-    ``denoiser_on_host``: the denoiser left in host memory, for :func:`~rlrunner.cluster.parallelize.parallelize`
-    to place (FSDP2: shard by shard; what the load holds where: :func:`~rlrunner.models.build.build_family`)."""
+    ``denoiser_on_host``: the denoiser left in host memory, for FSDP2 to move to the device shard by shard
+    (:func:`~rlrunner.cluster.parallelize.shards_from_host`; what the load holds where:
+    :func:`~rlrunner.models.build.build_family`)."""
     family_cfg = model_cfg[model_cfg.model_type]
     device = resolve_device(model_cfg.device)
     dtype = resolve_dtype(model_cfg.precision, device, model_cfg.half_precision_on_cpu)

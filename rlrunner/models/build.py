@@ -69,10 +69,10 @@ def build_family(family: type, model_path: str, family_cfg: Any, *, device: torc
     ``denoiser_only``: without text encoders, tokenizers and VAE, whose weights are never read (the actor's model).
 
     Memory during the load: diffusers reads every weight into host memory (``dtype``), the LoRA adapters are added
-    there, then the parts move to ``device``. ``denoiser_on_host``: the denoiser stays in host memory, for a caller
-    that places it itself (the actor: :func:`~rlrunner.cluster.parallelize.parallelize`, where FSDP2 moves one block
-    at a time to the device, shards it and frees the full block, so a rank's device never holds the whole denoiser;
-    peak about its shards plus the largest block's full weights).
+    there, then the parts move to ``device``. ``denoiser_on_host``: the denoiser stays in host memory, for an FSDP2
+    actor (:func:`~rlrunner.cluster.parallelize.shards_from_host`): ``parallelize`` moves one block at a time to the
+    device, shards it and frees the full block, so a rank's device never holds the whole denoiser (peak: its shards
+    plus the largest block's or expert's non-block weights, in full); DDP and single ranks take it whole.
     """
     pipe = family.load_pipeline(model_path, dtype, denoiser_only)
     model = family(family_cfg, device=device, dtype=dtype)

@@ -71,12 +71,6 @@ class ComponentPlacement:
             if name.startswith(prefix):
                 setattr(pipe, name, None)
 
-    def place_transformer(self) -> None:
-        """The denoiser (with its adapters) on ``self.device``, where a build with ``denoiser_on_host`` left it in host
-        memory (:func:`~rlrunner.cluster.parallelize.parallelize` calls it, except under FSDP2, which moves the
-        denoiser shard by shard)."""
-        self.transformer.to(self.device)
-
     def empty_device_cache(self) -> None:
         """Hand the memory the device's caching allocator keeps for freed tensors back to the device (after FSDP2
         freed each block's full weights), so a collocated worker can use it."""
@@ -85,8 +79,8 @@ class ComponentPlacement:
     def _place_components(self, denoiser_on_host: bool = False) -> None:
         """Initial placement: transformer on device (in host memory with ``denoiser_on_host``); text encoders / VAE
         on device unless offloaded."""
-        if not denoiser_on_host:
-            self.place_transformer()
+        if not denoiser_on_host:  # FSDP2 then moves it to the device shard by shard
+            self.transformer.to(self.device)
         for module in self.text_encoders.values():
             module.requires_grad_(False).eval().to("cpu" if self._option("offload_text_encoder") else self.device)
         if self.vae is not None:
