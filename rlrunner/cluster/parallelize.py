@@ -107,14 +107,25 @@ class FSDP2Engine(Engine):
         # the base weights are already stored in actor.model.precision and the LoRA tensors in float32 (see
         # models/base.py), so each is gathered and computed in its own dtype; gradients are reduced in float32
         policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+        # a denoiser still in host memory (build_model's denoiser_on_host) reaches the device one block at a time:
+        # fully_shard moves the module's own parameters to the mesh's device, shards them and frees the full ones
         for block in transformer_blocks(model.transformer):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model.transformer, mesh=mesh, mp_policy=policy)
+        _gather_once(model.transformer)
+        model.empty_device_cache()  # the freed full blocks, cached by the allocator, go back to the device
 
     @contextlib.contextmanager
     def accumulate(self, sync: bool) -> Iterator[None]:
+        """As :meth:`Engine.accumulate`; after the sync pass a trained parameter that no micro-batch of the step
+        reached on any rank (an expert without rows, which FSDP2 then never gathers: :mod:`rlrunner.models.wan_a14b`)
+        gets a zero gradient, the one it gets on one device, so AdamW steps it as it does there."""
         self.model.transformer.set_requires_gradient_sync(sync)
         yield
+        if sync:
+            for param in self.model.trainable_parameters():
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
 
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         from torch.distributed.tensor import DTensor
@@ -128,6 +139,19 @@ class FSDP2Engine(Engine):
 
 
 ENGINES: dict[str, type[Engine]] = {"ddp": DDPEngine, "fsdp2": FSDP2Engine}
+
+
+def _gather_once(transformer: nn.Module) -> None:
+    """All-gather and free each FSDP2 module's weights once, one module at a time: a module that no rank runs in a
+    gradient-accumulation pass (an idle expert, :mod:`rlrunner.models.wan_a14b`) then has the unsharded state that
+    FSDP2's post-backward of that pass reads (torch 2.13 raises ``'FSDPParam' object has no attribute
+    '_unsharded_param'`` for a module never gathered)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in transformer.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()
+            module.reshard()
 
 
 def transformer_blocks(transformer: nn.Module) -> list[nn.Module]:
@@ -148,15 +172,30 @@ def parallelize(model: Any, strategy: str, world_size: int, context_parallel_siz
     Call after ``init_distributed`` and before building the optimizer: FSDP2 replaces the parameters by their
     shards, so the optimizer must be given ``model.trainable_parameters()`` afterwards. With one rank the model is
     wrapped only when ``one_rank_group`` (a process group of one was formed, ``init_distributed(one_rank_group=True)``).
+
+    FSDP2 takes a denoiser still in host memory to the device one block at a time, keeping each rank's shards there
+    (the actor builds it so where :func:`shards_from_host` says).
     """
     if strategy not in ENGINES:
         raise ValueError(f"actor.strategy={strategy!r} is not valid; choose one of {list(ENGINES)}")
-    if world_size == 1 and not one_rank_group:
+    if not _wraps(world_size, one_rank_group):
         return Engine(model)
     mesh = parallel_mesh(model.device.type, world_size, context_parallel_size, context_parallel_mode)
     if context_parallel_size > 1:
         model.enable_context_parallel(mesh)  # hooks first, on the modules FSDP2 then shards
     return ENGINES[strategy](model, mesh, context_parallel_size)
+
+
+def shards_from_host(strategy: str, world_size: int, one_rank_group: bool) -> bool:
+    """Whether :func:`parallelize` applies FSDP2 (``strategy`` over ``world_size`` ranks, ``actor.one_rank_group``):
+    then the denoiser is built in host memory (``build_model(denoiser_on_host=True)``) and reaches the device shard
+    by shard, never whole."""
+    return strategy == "fsdp2" and _wraps(world_size, one_rank_group)
+
+
+def _wraps(world_size: int, one_rank_group: bool) -> bool:
+    """Whether :func:`parallelize` wraps the model: several ranks, or a process group of one."""
+    return world_size > 1 or one_rank_group
 
 
 def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

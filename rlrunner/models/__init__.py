@@ -38,14 +38,17 @@ def detect_model_type(model_path: str) -> str:
     return found[0]
 
 
-def build_model(model_cfg: Any, denoiser_only: bool = False) -> FlowModel:
+def build_model(model_cfg: Any, denoiser_only: bool = False, denoiser_on_host: bool = False) -> FlowModel:
     """Load ``model_cfg.model_type`` from ``model_cfg.model_path`` with its family settings and LoRA adapters;
-    ``denoiser_only``: without text encoders and VAE (the actor's model), which are then never read."""
+    ``denoiser_only``: without text encoders and VAE (the actor's model), which are then never read;
+    ``denoiser_on_host``: the denoiser left in host memory, for FSDP2 to move to the device shard by shard
+    (:func:`~rlrunner.cluster.parallelize.shards_from_host`; what the load holds where:
+    :func:`~rlrunner.models.build.build_family`)."""
     family_cfg = model_cfg[model_cfg.model_type]
     device = resolve_device(model_cfg.device)
     dtype = resolve_dtype(model_cfg.precision, device, model_cfg.half_precision_on_cpu)
     return model_class(model_cfg.model_type).load(model_cfg.model_path, family_cfg, device=device, dtype=dtype,
-                                                  denoiser_only=denoiser_only)
+                                                  denoiser_only=denoiser_only, denoiser_on_host=denoiser_on_host)
 
 
 __all__ = ["ADAPTERS", "BROKEN_FAMILIES", "EMA_ADAPTER", "MODEL_FAMILIES", "TRAINED_ADAPTER", "FlowModel",

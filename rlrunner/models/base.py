@@ -94,11 +94,12 @@ class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
 
     @classmethod
     def load(cls, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
-             denoiser_only: bool = False) -> FlowModel:
+             denoiser_only: bool = False, denoiser_on_host: bool = False) -> FlowModel:
         """Build from a diffusers pipeline folder or hub id (:func:`~rlrunner.models.build.build_family`): VAE in
         fp32 (decoding precision), the rest in ``dtype``; ``denoiser_only``: without text encoders, tokenizers and
-        VAE, never read."""
-        return build_family(cls, model_path, family_cfg, device=device, dtype=dtype, denoiser_only=denoiser_only)
+        VAE, never read; ``denoiser_on_host``: the denoiser left in host memory (the caller places it)."""
+        return build_family(cls, model_path, family_cfg, device=device, dtype=dtype, denoiser_only=denoiser_only,
+                            denoiser_on_host=denoiser_on_host)
 
     @classmethod
     def check_model_index(cls, index: dict[str, Any], where: str) -> None:

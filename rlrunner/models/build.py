@@ -28,7 +28,8 @@ step   hook (``FlowModel`` default)                what it may assume, what it d
                                                    ``default`` and ``ema`` adapters are added, ``lora_path`` loaded.
 =====  =========================================  ==========================================================
 
-Then every part is placed (:meth:`~rlrunner.models.placement.ComponentPlacement._place_components`). The hooks that
+Then every part is placed (:meth:`~rlrunner.models.placement.ComponentPlacement._place_components`), the denoiser
+left in host memory when the caller shards it first (``denoiser_on_host``, :func:`build_family`). The hooks that
 run after the build (prompts, velocity, schedule, guidance combination, decoding) are :data:`RUN_HOOKS`;
 ``docs/adding_a_family.md`` walks through both lists and ``docs/family_template.py`` implements every hook.
 """
@@ -61,11 +62,17 @@ def folder_configs(pipe: Any) -> dict[str, dict[str, Any]]:
 
 
 def build_family(family: type, model_path: str, family_cfg: Any, *, device: torch.device, dtype: torch.dtype,
-                 denoiser_only: bool = False) -> Any:
+                 denoiser_only: bool = False, denoiser_on_host: bool = False) -> Any:
     """Build ``family`` (a :class:`~rlrunner.models.base.FlowModel` subclass, which imports this module) from
     ``model_path`` at ``family_cfg``'s settings: the hooks in the module docstring's order. Returns the model.
 
     ``denoiser_only``: without text encoders, tokenizers and VAE, whose weights are never read (the actor's model).
+
+    Memory during the load: diffusers reads every weight into host memory (``dtype``), the LoRA adapters are added
+    there, then the parts move to ``device``. ``denoiser_on_host``: the denoiser stays in host memory, for an FSDP2
+    actor (:func:`~rlrunner.cluster.parallelize.shards_from_host`): ``parallelize`` moves one block at a time to the
+    device, shards it and frees the full block, so a rank's device never holds the whole denoiser (peak: its shards
+    plus the largest block's or expert's non-block weights, in full); DDP and single ranks take it whole.
     """
     pipe = family.load_pipeline(model_path, dtype, denoiser_only)
     model = family(family_cfg, device=device, dtype=dtype)
@@ -76,7 +83,7 @@ def build_family(family: type, model_path: str, family_cfg: Any, *, device: torc
     model.shapes = family.sample_shapes(family_cfg, configs)
     model.configure(pipe)
     model.setup_denoiser()
-    model._place_components()
+    model._place_components(denoiser_on_host)
     return model
 
 

@@ -71,9 +71,16 @@ class ComponentPlacement:
             if name.startswith(prefix):
                 setattr(pipe, name, None)
 
-    def _place_components(self) -> None:
-        """Initial placement: transformer on device; text encoders / VAE on device unless offloaded."""
-        self.transformer.to(self.device)
+    def empty_device_cache(self) -> None:
+        """Hand the memory the device's caching allocator keeps for freed tensors back to the device (after FSDP2
+        freed each block's full weights), so a collocated worker can use it."""
+        _empty_cache(self.device)
+
+    def _place_components(self, denoiser_on_host: bool = False) -> None:
+        """Initial placement: transformer on device (in host memory with ``denoiser_on_host``); text encoders / VAE
+        on device unless offloaded."""
+        if not denoiser_on_host:  # FSDP2 then moves it to the device shard by shard
+            self.transformer.to(self.device)
         for module in self.text_encoders.values():
             module.requires_grad_(False).eval().to("cpu" if self._option("offload_text_encoder") else self.device)
         if self.vae is not None:

@@ -12,14 +12,20 @@ shared code (LoRA adapters, state dicts and weight sync, ``.to()`` for offload, 
 routing happens in its forward, row by row, so a training micro-batch whose timesteps straddle the boundary is
 split, each expert computes its rows, and the rows are put back in order.
 
-An expert with no rows in a call still runs, on one token of zeros whose output enters with weight 0, when it
-trains (gradients on, its adapter trainable) or is sharded by FSDP2. Its adapter then gets an exact zero gradient
-(the loss does not depend on it this step) instead of none: DDP reduces every parameter it registered in every
-step (a parameter without a gradient leaves its bucket unreduced, the ranks drift, and the next step fails with
-"Expected to have finished reduction"), and FSDP2 all-gathers an expert's blocks only when every rank runs them.
-The zero gradient is the same on one rank and on several, so results do not depend on the rank count; AdamW then
-treats the idle expert as it treats any zero gradient (its moments decay). The token costs 40 block calls on one
-token (no measurable compute); under FSDP2 the idle expert's weights are still gathered once per micro-batch.
+An expert with no rows in a call still runs, on a few tokens of zeros whose output enters with weight 0, where a
+wrapper needs it: under DDP when it trains (gradients on, its adapter trainable), under FSDP2 when some other rank
+of the group has rows for it. Under DDP its adapter then gets an exact zero gradient (the loss does not depend on it
+this step) instead of none: DDP reduces every parameter it registered in every step (a parameter without a gradient
+leaves its bucket unreduced, the ranks drift, and the next step fails with "Expected to have finished reduction").
+FSDP2 all-gathers an expert's blocks only when every rank runs them, so the ranks decide together (one all-reduce of
+two flags per call) and an expert that no rank has rows for is not run at all: its 40 blocks are not gathered on that
+micro-batch. FSDP2 reduces the gradients it accumulated earlier in the step at the sync pass whether or not the
+expert ran then, and the engine gives an adapter that ran in none of the step's micro-batches a zero gradient
+(:class:`~rlrunner.cluster.parallelize.FSDP2Engine`), so AdamW sees what it sees on one device, where the dummy
+gives a zero gradient too. The results do not depend on the rank count; AdamW treats the idle expert as it treats
+any zero gradient (its moments decay). The dummy is one token per rank of the context-parallel group
+(:func:`idle_tokens`): diffusers' CP hooks split the sequence and refuse one that does not divide by the group
+size. It costs 40 block calls on those tokens (no measurable compute).
 """
 
 from __future__ import annotations
@@ -83,9 +89,11 @@ class SigmaExperts(nn.Module):
         """hidden_states ``[B, C, F', h, w]``, timestep ``[B]`` (``1000 * sigma``), encoder_hidden_states
         ``[B, L, D]`` -> ``([B, C, F', h, w],)``: each row from its expert, in the input's row order."""
         high = timestep >= self.boundary_timestep
+        masks = (high, ~high)
+        anywhere = self._rows_on_any_rank(masks)
         outputs, rows = [], []
         idle = None  # weight-0 outputs of experts without rows that must run anyway (module docstring)
-        for (name, expert), mask in zip(self.experts.items(), (high, ~high)):
+        for (name, expert), mask, elsewhere in zip(self.experts.items(), masks, anywhere):
             index = mask.nonzero().squeeze(1)
             if len(index) == len(mask):  # every row: no copies
                 outputs.append(expert(hidden_states=hidden_states, timestep=timestep,
@@ -95,27 +103,59 @@ class SigmaExperts(nn.Module):
                 outputs.append(expert(hidden_states=hidden_states[index], timestep=timestep[index],
                                       encoder_hidden_states=encoder_hidden_states[index], return_dict=False)[0])
                 rows.append(index)
-            elif self._must_run(name, expert):
-                touch = self._one_token(expert, hidden_states, encoder_hidden_states)
+            elif self._must_run(name, expert, elsewhere):
+                touch = self._idle_call(expert, hidden_states, encoder_hidden_states)
                 idle = touch if idle is None else idle + touch
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)[torch.cat(rows).argsort()]
         return (out if idle is None else out + idle,)
 
-    def _must_run(self, name: str, expert: nn.Module) -> bool:
-        from torch.distributed.fsdp import FSDPModule
+    def _rows_on_any_rank(self, masks: tuple[torch.Tensor, ...]) -> list[bool]:
+        """Per expert, whether some rank has rows for it: under FSDP2 every rank joins one all-reduce of the flags
+        (every rank makes the same engine calls, so each reaches this one); otherwise this rank's own rows."""
+        flags = torch.stack([mask.any() for mask in masks]).to(torch.int32)
+        group = _fsdp_group(self.transformer)
+        if group is not None:
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=group)
+        return [bool(flag) for flag in flags.tolist()]
 
-        return (torch.is_grad_enabled() and name in self.adapted) or isinstance(expert, FSDPModule)
+    def _must_run(self, name: str, expert: nn.Module, rows_elsewhere: bool) -> bool:
+        """Whether an expert without rows here runs the dummy: under FSDP2 when another rank runs it (its blocks'
+        all-gathers need every rank); otherwise when it trains (DDP reduces every trained parameter)."""
+        if _fsdp_group(expert) is not None:
+            return rows_elsewhere
+        return torch.is_grad_enabled() and name in self.adapted
 
-    def _one_token(self, expert: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor
+    def _idle_call(self, expert: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor
                    ) -> torch.Tensor:
-        """0 x the expert's output on one patch of zeros with one zero text token: a scalar 0 that depends on
-        every parameter the expert uses."""
-        patch = tuple(expert.config.patch_size)
-        latent = hidden_states.new_zeros((1, hidden_states.shape[1], *patch))
+        """0 x the expert's output on :func:`idle_tokens` patches of zeros with one zero text token: a scalar 0 that
+        depends on every parameter the expert uses."""
+        patch_t, patch_h, patch_w = tuple(expert.config.patch_size)
+        latent = hidden_states.new_zeros((1, hidden_states.shape[1], patch_t, patch_h * idle_tokens(expert), patch_w))
         text = encoder_hidden_states.new_zeros((1, 1, encoder_hidden_states.shape[2]))
         timestep = torch.full((1,), self.boundary_timestep, device=hidden_states.device)
         out = expert(hidden_states=latent, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
         return out.sum() * 0
+
+
+def idle_tokens(expert: nn.Module) -> int:
+    """The tokens of an idle expert's dummy call: one per rank of the context-parallel group its diffusers CP hooks
+    split the sequence over (``_parallel_config``, set by :func:`~rlrunner.cluster.context_parallel.
+    apply_context_parallel`), so that the split is even; 1 without CP."""
+    config = getattr(expert, "_parallel_config", None)
+    cp = getattr(config, "context_parallel_config", None)
+    return cp.ring_degree * cp.ulysses_degree if cp is not None else 1
+
+
+def _fsdp_group(module: nn.Module) -> Any:
+    """The process group FSDP2 shards ``module`` over (that of its parameters' mesh), or None when it is not
+    sharded by FSDP2."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(module, FSDPModule):
+        return None
+    param = next(module.parameters(), None)
+    return param.device_mesh.get_group() if isinstance(param, DTensor) else torch.distributed.group.WORLD
 
 
 class WanA14BFlowModel(WanFlowModel):

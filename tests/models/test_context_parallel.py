@@ -8,15 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from cp_helpers import both_ranks, engines_ranks, micro_gradients, spawn, train
-from omegaconf import OmegaConf
+from cp_helpers import PROMPTS, assert_same_training, both_ranks, engines_ranks, rank_results, reference_run, spawn
 from runner_helpers import small_recipe
 
 from rlrunner.config.errors import RecipeError
-from rlrunner.workers.actor import ActorWorker
-from rlrunner.workers.rollout import RolloutWorker
 
-PROMPTS = ['a sign that says "2345"', 'a label that reads "hi"']
 # per family: settings whose token sequence splits over 2 ranks (Wan 2 latent frames x 2 x 2 patches = 8 tokens,
 # trained with gradient checkpointing, which recomputes each block's all-to-alls in backward; Qwen-Image 2 x 2
 # patches, its text padded to whole slices; FLUX.1 below)
@@ -40,49 +36,15 @@ def cp_recipe(root: Path, tiny_dirs, family: str, *overrides: str):
                         *(VIDEO if family.startswith("wan") else []), *overrides)
 
 
-def _reference(cfg, root: Path) -> tuple[Path, Path, object, dict]:
-    """One device: the rollout of step 0, and an actor's micro-batch gradients and update on it."""
-    rollout = RolloutWorker(cfg.actor.model, cfg.runner.seed, algorithm_cfg=cfg.algorithm).generate(
-        PROMPTS, cfg.algorithm.group_size, step=0, round_index=0)
-    batch = rollout.train
-    chunks = batch.tensors["x0"].shape[2] if batch.tensors["x0"].dim() == 5 else 1
-    advantages = torch.linspace(-1.5, 1.5, len(batch) * chunks).view(len(batch), -1).squeeze(1)
-    recipe, data = root / "recipe.yaml", root / "data.pt"
-    OmegaConf.save(cfg, recipe)
-    torch.save((batch, advantages), data)
-    actor = ActorWorker(cfg.actor, cfg.algorithm, num_train_steps=2)
-    single = {"micro": micro_gradients(actor, batch.select(slice(0, 2)), advantages[:2]),
-              **train(actor, batch, advantages, cfg)}
-    return recipe, data, rollout, single
-
-
-def _ranks(root: Path, name: str, world_size: int) -> dict:
-    """Rank 0's result, with the metrics averaged over the ranks (as the runner reports them)."""
-    results = [torch.load(root / f"{name}_rank{r}.pt", weights_only=False) for r in range(world_size)]
-    metrics = {k: sum(r["metrics"][k] for r in results) / world_size for k in results[0]["metrics"]}
-    return {**results[0], "metrics": metrics}
-
-
-def _assert_same_training(ours: dict, reference: dict) -> None:
-    torch.testing.assert_close(ours["micro"]["loss"], reference["micro"]["loss"], rtol=0, atol=1e-5)
-    assert max(g.abs().max().item() for g in reference["micro"]["grads"]) > 1e-4  # the gradients are not all zero
-    for got, want in zip(ours["micro"]["grads"], reference["micro"]["grads"], strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
-    for name, state in reference["adapters"].items():
-        for key, want in state.items():
-            torch.testing.assert_close(ours["adapters"][name][key], want, rtol=0, atol=1e-5, msg=f"{name} {key}")
-    assert ours["metrics"]["nft_loss"] == pytest.approx(reference["metrics"]["nft_loss"], abs=1e-5)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_cp2_on_two_ranks_trains_and_samples_as_one_device(tmp_path, tiny_dirs, family):
     """Ulysses CP = 2 on 2 gloo ranks vs one device, same samples: the NFT loss and the reduced LoRA gradients of a
     micro-batch, the adapters after 2 optimizer steps (atol 1e-5, fp32), and the rollout (x0 and pixels)."""
     cfg = cp_recipe(tmp_path, tiny_dirs, family)
-    recipe, data, rollout, single = _reference(cfg, tmp_path)
+    recipe, data, rollout, single = reference_run(cfg, tmp_path)
     spawn(both_ranks, 2, str(recipe), str(data), PROMPTS, str(tmp_path))
-    _assert_same_training(_ranks(tmp_path, "actor", 2), single)
+    assert_same_training(rank_results(tmp_path, "actor", 2), single)
     grads = [torch.load(tmp_path / f"actor_rank{r}.pt", weights_only=False)["micro"]["grads"] for r in (0, 1)]
     assert all(torch.equal(a, b) for a, b in zip(*grads))  # the group's ranks hold one gradient
     leader, follower = (torch.load(tmp_path / f"rollout_rank{r}.pt", weights_only=False) for r in (0, 1))
@@ -96,11 +58,11 @@ def test_dp2_cp2_on_four_ranks_with_ddp_and_fsdp2_train_as_one_device(tmp_path, 
     """dp × cp = 2 × 2 on 4 CPU ranks trains the adapters of one device (which the data-parallel tests show dp = 2
     trains too), with DDP and with FSDP2 sharding over the same mesh."""
     cfg = cp_recipe(tmp_path, tiny_dirs, "wan22_ti2v_5b")
-    recipe, data, _, single = _reference(cfg, tmp_path)
+    recipe, data, _, single = reference_run(cfg, tmp_path)
     spawn(engines_ranks, 4, str(recipe), str(data), str(tmp_path))
-    ddp, fsdp2 = (_ranks(tmp_path, name, 4) for name in ("ddp", "fsdp2"))
-    _assert_same_training(ddp, single)
-    _assert_same_training(fsdp2, ddp)
+    ddp, fsdp2 = (rank_results(tmp_path, name, 4) for name in ("ddp", "fsdp2"))
+    assert_same_training(ddp, single)
+    assert_same_training(fsdp2, ddp)
 
 
 def _error(root: Path, tiny_dirs, family: str, *overrides: str) -> str:

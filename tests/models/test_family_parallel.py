@@ -18,6 +18,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
+from cp_helpers import high_noise_rows
 from family_helpers import encode_prompt_batch
 from omegaconf import OmegaConf
 
@@ -82,20 +83,10 @@ def _rollout(model, seed: int = 0) -> Batch:
                  torch.arange(len(PROMPTS)).repeat_interleave(SAMPLES // len(PROMPTS)))
 
 
-def _high_noise_rows(seed: int, step: int) -> list[bool]:
-    """Which of the step's samples the actor trains at t = 1.0 (the high-noise expert) rather than 0.5: the first
-    draw of each sample's noise generator picks the index into the 2-step training grid [1.0, 0.5]
-    (``sample_xt``)."""
-    from rlrunner.step.sample_order import noise_seed
-
-    return [torch.randint(0, 2, (1,), generator=torch.Generator().manual_seed(noise_seed(seed, step, p, 0))).item()
-            == 0 for p in range(SAMPLES)]
-
-
 def a14b_seed() -> int:
     """The first actor seed whose update 0 trains both experts and whose update 1 trains one of them only."""
-    return next(seed for seed in range(10_000) if len(set(_high_noise_rows(seed, 0))) == 2
-                and len(set(_high_noise_rows(seed, 1))) == 1)
+    return next(seed for seed in range(10_000) if len(set(high_noise_rows(seed, 0, SAMPLES))) == 2
+                and len(set(high_noise_rows(seed, 1, SAMPLES))) == 1)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +127,7 @@ def test_a14b_runs_cover_both_experts_then_one():
     """The A14B job's timesteps are what the docstring says (else the two-rank test would not exercise an idle
     expert), and they land on the sides the model routes them to."""
     seed = a14b_seed()
-    assert set(_high_noise_rows(seed, 0)) == {True, False} and len(set(_high_noise_rows(seed, 1))) == 1
+    assert set(high_noise_rows(seed, 0, SAMPLES)) == {True, False} and len(set(high_noise_rows(seed, 1, SAMPLES))) == 1
     from rlrunner.algorithms.samplers import training_grid
 
     assert training_grid("uniform", torch.tensor([1.0, 0.75, 0.0])).tolist() == [1.0, 0.5]  # 1.0 high, 0.5 low
