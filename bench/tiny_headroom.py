@@ -1,7 +1,7 @@
 """How much could RL gain on the tiny model in a CPU recipe's budget? Three measurements that bound it.
 
     .venv/bin/python bench/tiny_headroom.py                        # the shipped model, 30 oracle steps
-    .venv/bin/python bench/tiny_headroom.py --oracle-steps 80      # the README's table: about 10 minutes on 1 free core
+    .venv/bin/python bench/tiny_headroom.py --oracle-steps 80      # docs/benchmarks.md: about 10 min on 1 free core
 
 1. **Noise temperature**: held-out OCR reward when the initial noise is scaled by T < 1. Lower T gives more
    typical ("modal") samples; the gap to T = 1 is what sharpening the model's distribution could win.

@@ -7,5 +7,5 @@ recipe (``config``) → placement (``cluster``) → workers (``workers``, over `
 checks the recipe keys it reads (its ``checks.py``), and ``recipe.py`` runs them all, in order. docs/layout.md
 lists every module, generated from these docstrings (``bin/rlrunner python scripts/layout.py --write``).
 Other packages add model families and rewards through the entry point groups ``rlrunner.model_families`` and
-``rlrunner.rewards`` (README "Models").
+``rlrunner.rewards`` (docs/families/index.md "A family or a reward from your own package").
 """

@@ -48,7 +48,7 @@ rlrunner_pick_python() {
     if [ -x "$venv/bin/python" ]; then
         echo "rlrunner: requirements changed; updating $venv" >&2
     else
-        echo "rlrunner: $candidate lacks rlrunner's requirements; creating $venv from requirements/ (first run only: a few minutes, about 2.1 GB)" >&2
+        echo "rlrunner: $candidate lacks rlrunner's requirements; creating $venv from requirements/ (first run only: a few minutes; 2.1 GB with the CPU torch build, about 6.2 GB with a CUDA one: docs/install.md)" >&2
         python3 -m venv "$venv" || { echo "rlrunner: could not create $venv (is python3-venv installed?)" >&2; return 1; }
     fi
     "$venv/bin/python" -m pip install --quiet --upgrade pip >&2 ||

@@ -83,7 +83,8 @@ def test_bin_rlrunner_help_lists_keys_and_every_exit_status():
     assert [int(code) for code in re.findall(r"(?:^|\s)(\d+) [a-z]", statuses)] == EXIT_CODES
 
 
-def test_readme_documents_every_exit_status():
-    readme = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])  # the landing page and the docs site's home
+def test_readme_documents_every_exit_status(page):
+    readme = (ROOT / page).read_text()
     table = readme[readme.index("| exit status | meaning |"):].split("\n\n")[0]
     assert [int(code) for code in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)] == EXIT_CODES

@@ -24,7 +24,7 @@ from rlrunner.recipe import load_recipe
 # fixed inputs (derandomize), bounded counts, no example database: the same campaign on every machine
 CAMPAIGN = settings(derandomize=True, database=None, deadline=None, print_blob=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-# CI runs each target's bounded count; RLRUNNER_FUZZ_SCALE=10 runs ten times as many inputs (the README's campaign)
+# CI runs each target's bounded count; RLRUNNER_FUZZ_SCALE=10 runs ten times as many inputs (docs/security.md)
 SCALE = float(os.environ.get("RLRUNNER_FUZZ_SCALE", "1"))
 
 
@@ -44,7 +44,8 @@ JSON_VALUES = st.recursive(
 
 @contextmanager
 def counting(capsys: pytest.CaptureFixture, target: str) -> Iterator[SimpleNamespace]:
-    """Counts a target's inputs (``.count``) and prints the figure at the end of its test (quoted in the README)."""
+    """Counts a target's inputs (``.count``) and prints the figure at the end of its test (quoted in
+    docs/security.md)."""
     tried = SimpleNamespace(count=0)
     try:
         yield tried

@@ -153,8 +153,9 @@ def test_default_recipe_runs_end_to_end_shortened(tmp_path):
 
 
 LEARNING_STEPS = 40
-# Held-out gain at LEARNING_STEPS, seeds 42 / 1 / 2 (bench/algorithms.py, README "Algorithms"): the default recipe,
-# and the same recipe trained on shuffled rewards (`algorithm.reward_signal=shuffle`, variant awm_shuffle).
+# Held-out gain at LEARNING_STEPS, seeds 42 / 1 / 2 (bench/algorithms.py, docs/benchmarks.md "The CPU recipe"): the
+# default recipe, and the same recipe trained on shuffled rewards (`algorithm.reward_signal=shuffle`, variant
+# awm_shuffle).
 GAINS_MEASURED = (0.068, 0.033, 0.036)
 SHUFFLED_GAINS_MEASURED = (-0.268, -0.140, -0.050)
 # The test runs seed 42 and asks for half the smallest of each: the gap over the control (0.336 / 0.173 / 0.086),

@@ -3,7 +3,7 @@
 A stop signal that reaches every process of a job (Slurm's GraceTime, ``scancel`` without ``-b``, a time limit
 without ``--signal=B:``) stops the GCS and the raylet of a Ray the driver started, together with the workers. Ray's
 calls that need the GCS (removing a placement group) then retry until the driver's core worker gives up on it after
-60 s and ends the process with status 1, before the launcher can print how the run ended (README "Preemption and
+60 s and ends the process with status 1, before the launcher can print how the run ended (docs/runs.md "Preemption and
 recovery"). So teardown asks first whether the GCS still accepts connections (:func:`gcs_reachable`, at most
 :data:`GCS_PROBE_S`) and skips what needs it when not: the actors and the placement group went with it. What it still
 calls runs at most :data:`TEARDOWN_CALL_S` (a GCS that dies during the call), then is left behind. The raylet goes

@@ -1,7 +1,7 @@
 """What a Ray node needs before a worker can start there, and the one line that says what it lacks.
 
-A cluster shares nothing but Ray (README "Clusters"): a node has Ray and the same Python packages, but neither
-the checkout nor the driver's disk. So the driver ships the ``rlrunner`` package with the job (Ray's
+A cluster shares nothing but Ray (docs/clusters.md "Clusters"): a node has Ray and the same Python packages, but
+neither the checkout nor the driver's disk. So the driver ships the ``rlrunner`` package with the job (Ray's
 ``runtime_env`` ``py_modules``: the package folder only, never logs, virtualenvs or model folders) unless the
 recipe says the nodes have it installed (``cluster.ship_code: false``), and each worker host checks that the
 local folders its worker will read (a model folder, a LoRA folder) are there before the worker loads anything.

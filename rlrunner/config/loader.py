@@ -127,7 +127,8 @@ def merge_recipe(name: str, overrides: list[str] | None = None, config_dir: Path
     override_layer, ignored_too = translate(parse_overrides(overrides or []), schema, families, under=recipe,
                                             source="command-line override")
     if ignored or ignored_too:
-        logger.warning("rlrunner: RLinf keys accepted that change nothing here (README \"Coming from RLinf\"): %s",
+        logger.warning("rlrunner: RLinf keys accepted that change nothing here "
+                       "(docs/migrating.md \"Coming from RLinf\"): %s",
                        ", ".join(dict.fromkeys(ignored + ignored_too)))
     cfg = schema
     for source, layer in ((str(path), recipe), ("command-line override", override_layer)):

@@ -4,7 +4,7 @@ refused where RLinf would compute something we do not.
 :func:`translate` runs on each layer of a recipe (the composed YAML, then the command-line overrides) before it
 is merged onto the schema. Keys of our schema pass unchanged (a few RLinf values are renamed, ``visual.ocr`` →
 ``ocr``); a key in none of the tables below also passes, so that a misspelt key still fails the schema merge with
-the nearest valid key. README "Coming from RLinf" has the same tables for users; keep them in step.
+the nearest valid key. docs/migrating.md "Coming from RLinf" has the same tables for users; keep them in step.
 Table keys use ``<split>`` for ``train``/``eval`` and ``<family>`` for a model family section, as
 :data:`rlrunner.config.checks.KEY_CHECKS` does.
 """

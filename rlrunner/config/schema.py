@@ -92,7 +92,7 @@ class RunnerConfig:
     max_reward_error_steps: int = 3
     # a lost worker or node, a worker call past cluster.worker_timeout_s or a failed collective: restart the workers
     # and go on from the last complete checkpoint, at most this many times per run (0 = stop at the first one); the
-    # same step failing twice stops the run (README "Preemption and recovery")
+    # same step failing twice stops the run (docs/runs.md "Preemption and recovery")
     max_restarts: int = 3
     # SIGTERM/SIGINT: finish the current step, save a checkpoint and exit with status 4 (a second signal stops at
     # once); false: stop at once, as any process does
@@ -301,8 +301,8 @@ class ActorConfig:
     # fsdp2 shards into DTensors over a one-rank mesh: the device check exercises FSDP2 on one GPU (slower otherwise)
     one_rank_group: bool = False
     # actor ranks that split one sample's token sequence (context parallelism through diffusers' _cp_plan hooks;
-    # README "Long sequences"): the ranks form dp x cp groups, a group trains the same samples; global_batch_size
-    # still counts samples
+    # docs/clusters.md "Long sequences"): the ranks form dp x cp groups, a group trains the same samples;
+    # global_batch_size still counts samples
     context_parallel_size: int = 1
     # ulysses (the attention heads are split over the group: heads % cp == 0) | ring (needs an attention backend
     # that returns the log-sum-exp; not the default native one)

@@ -1,9 +1,10 @@
 """Model families behind the :class:`~rlrunner.models.base.FlowModel` interface.
 
 Which families exist is :mod:`rlrunner.models.families`: the in-tree ones, listed there, and those other packages
-declare as entry points of group ``rlrunner.model_families`` (README "Models"). A family is a ``FlowModel`` subclass
-with a classmethod ``load(model_path, family_cfg, *, device, dtype)`` and a ``settings_type``, the dataclass of its
-recipe section ``actor.model.<model_type>`` (:mod:`rlrunner.models.settings`).
+declare as entry points of group ``rlrunner.model_families`` (docs/families/index.md "A family or a reward from
+your own package"). A family is a ``FlowModel`` subclass with a classmethod
+``load(model_path, family_cfg, *, device, dtype)`` and a ``settings_type``, the dataclass of its recipe section
+``actor.model.<model_type>`` (:mod:`rlrunner.models.settings`).
 
 May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.sizing, rlrunner.utils
 """

@@ -12,7 +12,8 @@ Registered rewards: ``ocr``, ``video_ocr``, ``image_stats``, ``jpeg_compressibil
 (``rewards/geneval``, a detector server) (``reward.model``); types ``single`` and ``multi``
 (``reward.type``); OCR engines ``rapidocr`` and ``paddleocr`` (``reward.engine``, default ``auto``). They register
 when this package imports their modules; rewards of other packages (entry points of group ``rlrunner.rewards``,
-README "Models") register after them (:func:`~rlrunner.rewards.registry.load_reward_plugins`).
+docs/families/index.md "A family or a reward from your own package") register after them
+(:func:`~rlrunner.rewards.registry.load_reward_plugins`).
 
 May import: rlrunner.config, rlrunner.sizing, rlrunner.utils
 """

@@ -155,7 +155,7 @@ def _check_reward(cfg: DictConfig, split: str, ctx: Context) -> list[tuple[str, 
                 _fail(problem)
         for needed in reward_needs(part["model"]):
             if not part.get(needed):
-                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see README, Rewards)")
+                _fail(f"{key}.{needed} is empty; reward.model={part['model']} needs it (see docs/rewards.md)")
     return parts
 
 

@@ -3,7 +3,7 @@ then give one :class:`Outcome`: the status the trackers record, the launcher's e
 
 The supervisor closes the trackers with :attr:`Outcome.status` and the launcher (``rlrunner.commands.train``) exits
 with :attr:`Outcome.exit_code` after printing :attr:`Outcome.message`; nothing else decides how a run ended. The
-exit statuses (README "Preemption and recovery"):
+exit statuses (docs/runs.md "Preemption and recovery"):
 
 * 0: finished;
 * 1: a worker raised, died or hung and ``runner.max_restarts`` restarts did not help;

@@ -3,7 +3,7 @@ checkpoint; a second signal stops it at once.
 
 Schedulers give a job a grace period between SIGTERM and SIGKILL (Slurm ``--signal``, Kubernetes
 ``terminationGracePeriodSeconds``): the first signal only sets a flag, which the runner reads between steps; there
-it saves and raises :class:`Preempted`, and the launcher exits with its own status (README "Preemption and
+it saves and raises :class:`Preempted`, and the launcher exits with its own status (docs/runs.md "Preemption and
 recovery"). A second signal raises ``KeyboardInterrupt`` wherever the driver is. When the signal reached the workers
 too, the step in flight fails with them: the supervisor ends the run with :class:`WorkersStopped`
 (:func:`rlrunner.run.outcome.ending_error`), also a preemption.

@@ -1,8 +1,9 @@
 """Plugins: the Python entry points other packages declare for rlrunner (model families, rewards).
 
-A package adds to group ``rlrunner.model_families`` or ``rlrunner.rewards`` in its pyproject.toml (README "Models");
-:func:`load_entry_points` imports each entry point of a group once. One that fails is reported in one line on
-stderr (group, name, value and the exception's first line), never with a traceback, and the others load as usual.
+A package adds to group ``rlrunner.model_families`` or ``rlrunner.rewards`` in its pyproject.toml
+(docs/families/index.md "A family or a reward from your own package"); :func:`load_entry_points` imports each
+entry point of a group once. One that fails is reported in one line on stderr (group, name, value and the
+exception's first line), never with a traceback, and the others load as usual.
 """
 
 from __future__ import annotations

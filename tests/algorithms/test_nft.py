@@ -338,7 +338,7 @@ def test_errors_name_the_bad_value():
         nft_loss(**(inputs | {"adv": torch.zeros(1, 2)}), beta=0.1)  # per-frame adv on image latents
 
 
-# ---------------------------------------------------------------- what sets NFT's step (README "Algorithms")
+# ------------------------------------- what sets NFT's step (docs/algorithms/nft.md "What sets NFT's step size")
 # At v_θ = v_old the c/β factor cancels β: the push is dL/dv_θ = -2·t·w·d·clamp(A, ±c) / (B·n) with
 # d = x_t - t·v_old - x0, whatever β; β·c only sets the pull back, L(Δv) - L(0) - g·Δv = c·β·Σ t²·w·Δv² / (B·n).
 def test_the_push_at_the_old_policy_does_not_depend_on_beta_and_the_pull_back_grows_with_beta_times_c():

@@ -2,7 +2,8 @@
 network peer sent: the reward server's request checks and the wire format both sides read, the judges' replies,
 and a GenEval detector's detections. Each property: any input is either parsed into values in range or refused
 with the parser's own error (which the callers count per sample or answer as 400/413), never another exception,
-a NaN, or a quadratic-time regex. The inputs tried per target are printed (README "Security" quotes them)."""
+a NaN, or a quadratic-time regex. The inputs tried per target are printed (docs/security.md "Fuzz campaign" quotes
+them)."""
 
 from __future__ import annotations
 
@@ -261,7 +262,8 @@ def score_every_record(found: list) -> None:
 
 
 def test_every_target_was_fuzzed_and_the_counts_are_printed(capsys):
-    """Last in this file: the campaign's figures (README "Security" quotes them); each target got its inputs."""
+    """Last in this file: the campaign's figures (docs/security.md "Fuzz campaign" quotes them); each target got its
+    inputs."""
     with capsys.disabled():
         print(f"\nparser fuzz, inputs tried per target: {dict(sorted(TRIED.items()))}")
     if len(TRIED) < 10:

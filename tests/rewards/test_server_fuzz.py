@@ -3,7 +3,8 @@ process of its own, tests/rewards/conftest.py): ``REQUESTS`` requests per server
 broken JSON, truncated, oversized and well-formed-but-hostile bodies (pixel bombs, odd image modes and formats),
 mixed with valid requests. Asserted: every request is answered (no dropped connection) with JSON, no 5xx but the
 detector's injected faults, every valid request scored, the server's peak memory (VmHWM) under RSS_BOUND_MIB above
-its peak at start, and a valid request still scored at the end. The counts are printed (README "Security")."""
+its peak at start, and a valid request still scored at the end. The counts are printed
+(docs/security.md "Fuzz campaign")."""
 
 from __future__ import annotations
 
