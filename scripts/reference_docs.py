@@ -96,6 +96,15 @@ def _cell(text: str) -> str:
     return "`".join(part if index % 2 else part.replace("<", "&lt;") for index, part in enumerate(parts))
 
 
+def _allowed_cell(allowed: str) -> str:
+    """A choice's names as code (the empty name as ``""``): ``one of a | b`` -> ``one of `a`, `b```."""
+    for lead in ("each one of ", "one of "):
+        if allowed.startswith(lead):
+            names = allowed.removeprefix(lead).split(" | ")
+            return lead + ", ".join(f"`{name}`" if name.strip() else '`""`' for name in names)
+    return allowed
+
+
 def _group(name: str, families: set[str]) -> str:
     parts = name.split(".")
     if parts[:2] == ["actor", "model"] and len(parts) > 3 and parts[2] in families:
@@ -128,7 +137,7 @@ def keys_page() -> str:
             set_by = ("all" if not others else "all but " + ", ".join(others) if len(others) < len(setters)
                       else ", ".join(setters))
             row = [f"`{key.name}`", f"`{key.kind}`", f"`{json.dumps(key.default)}`",
-                   key.allowed.replace(" | ", ", "), key.meaning,
+                   _allowed_cell(key.allowed), key.meaning,
                    "; ".join(spellings.get(table_key(key.name, families), [])), set_by]
             lines.append("| " + " | ".join(_cell(item) for item in row) + " |")
         lines.append("")
