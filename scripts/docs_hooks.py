@@ -1,8 +1,8 @@
 """mkdocs hooks of the docs site (mkdocs.yml ``hooks:``): the pages stay plain Markdown that reads the same on GitHub.
 
-- README.md is the site's home page (``index.md``) unless docs/index.md exists.
+- README.md is the site's home page (``index.md``) unless docs/ has an index.md.
 - A relative link is written as it works on GitHub, from the file's real place in the repository: on the home page
-  ``docs/quickstart.md`` becomes ``quickstart.md``; a link from docs/ to ``../README.md`` goes to the home page; a
+  ``docs/layout.md`` becomes ``layout.md``; a link from docs/ to ``../README.md`` goes to the home page; a
   link to a file outside docs/ (``../rlrunner/recipe.py``, ``LICENSE``) goes to ``repo_url``'s ``blob/main/`` page
   when mkdocs.yml sets one, else it becomes its text and the path (the site holds no copy of the file).
 """

@@ -11,7 +11,7 @@ from docs_helpers import ROOT, anchors, doc_pages, github_slug, prose_lines, tra
 
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`[^`]*`")
-# README "Title", README \"Title\" (in a Python string), docs/page.md, "Title" and docs/page.md "Title"
+# README "Title", README \"Title\" (in a Python string), docs/<page>.md, "Title" and docs/<page>.md "Title"
 CITATION = re.compile(r"(README(?:\.md)?|docs/[\w/]+\.md),? \\?\"([^\"\\]+)\\?\"")
 
 
@@ -81,3 +81,18 @@ def test_every_cited_section_exists():
            if not (ROOT / cited).is_file() or github_slug(title) not in anchors(ROOT / cited)]
     assert not bad, "citations of sections that do not exist (cite the page and heading where it lives now):\n" + \
         "\n".join(bad)
+
+
+DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w/.-]*\w\.(?:md|py|png)\b")
+
+
+def test_every_named_docs_page_exists():
+    """A docs page named in code, tests or docs (``docs/design.md``) that was moved or renamed fails here."""
+    bad = []
+    for path in tracked_files():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        bad += [f"{path.relative_to(ROOT)}: {name}" for name in DOCS_PATH.findall(text) if not (ROOT / name).is_file()]
+    assert not bad, "docs pages that do not exist:\n" + "\n".join(sorted(set(bad)))

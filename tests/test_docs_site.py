@@ -28,7 +28,7 @@ def test_site_builds_strict(tmp_path):
     done = build(ROOT, tmp_path / "site")
     assert done.returncode == 0, "mkdocs build --strict failed:\n" + done.stderr[-6000:]
     home = (tmp_path / "site" / "index.html").read_text()
-    assert "rlrunner" in home  # README.md is the home page while docs/index.md does not exist
+    assert "rlrunner" in home  # README.md is the home page while docs/ has no index.md
     for page in sorted((ROOT / "docs").rglob("*.md")):
         built = tmp_path / "site" / page.relative_to(ROOT / "docs").with_suffix("") / "index.html"
         assert built.is_file() or page.name == "index.md", f"{page.relative_to(ROOT)} is not on the site"
