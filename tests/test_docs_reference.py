@@ -36,18 +36,25 @@ def test_every_leaf_key_is_in_the_reference_with_its_meaning_and_default():
     assert sorted(key.name for key in keys) == sorted(rows), "the page's keys are not the schema's leaf keys"
     for key in keys:
         assert rows[key.name][2] == f"`{json.dumps(key.default)}`", key.name
-        assert key.meaning and rows[key.name][4].replace("&lt;", "<") == key.meaning, key.name
-    assert "learning rate" in rows["actor.optim.lr"][4].lower()
+        assert key.meaning and rows[key.name][3].replace("&lt;", "<").startswith(key.meaning), key.name
+        if key.allowed:  # a choice's names are written as code
+            assert "*Allowed:* " in rows[key.name][3], key.name
+    assert "learning rate" in rows["actor.optim.lr"][3].lower()
+
+
+def _rlinf(rows: dict[str, list[str]], key: str) -> str:
+    meaning = rows[key][3]
+    return meaning.split("*RLinf:* ", 1)[1] if "*RLinf:* " in meaning else ""
 
 
 def test_rlinf_spellings_and_recipes_are_listed():
     rows = _rows()
     # RLinf keys that set ours (rlrunner/config/rlinf.py MAPPED) and renamed RLinf values (VALUES)
-    assert "`actor.fsdp_config.strategy`" in rows["actor.strategy"][5]
-    assert "`actor.enable_offload`" in rows["cluster.enable_offload"][5]
-    assert "`algorithm.loss_type`" in rows["algorithm.name"][5]
-    assert "`actor.fsdp_config.gradient_checkpointing`" in rows["actor.model.sd3.gradient_checkpointing"][5]
-    assert "visual.ocr_dataset" in rows["env.train.dataset.type"][5]
+    assert "`actor.fsdp_config.strategy`" in _rlinf(rows, "actor.strategy")
+    assert "`actor.enable_offload`" in _rlinf(rows, "cluster.enable_offload")
+    assert "`algorithm.loss_type`" in _rlinf(rows, "algorithm.name")
+    assert "`actor.fsdp_config.gradient_checkpointing`" in _rlinf(rows, "actor.model.sd3.gradient_checkpointing")
+    assert "visual.ocr_dataset" in _rlinf(rows, "env.train.dataset.type")
     # the shipped recipes that set a key: tiny_nft_ocr_remote's reward url, every recipe's group size
-    assert "tiny_nft_ocr_remote" in rows["env.train.reward.url"][6].split(", ")
-    assert rows["algorithm.group_size"][6] == "all"
+    assert "tiny_nft_ocr_remote" in rows["env.train.reward.url"][4].split(", ")
+    assert rows["algorithm.group_size"][4] == "all"
