@@ -51,7 +51,9 @@ def _argv(line: str) -> list[str]:
     argv = list(itertools.takewhile(lambda word: word not in SHELL_OPERATORS and not word.startswith(">"), argv))
     if argv[0] == "bash":
         argv = argv[1:]
-    if argv[0].endswith("run_diffusion.sh"):  # the launcher is `bin/rlrunner train`
+    if argv[0].endswith("run_diffusion.sh"):  # the launcher, which `bin/rlrunner train` runs
+        script = argv[0] if "/" in argv[0] else "examples/diffusion/run_diffusion.sh"
+        assert (ROOT / script).is_file(), f"{line}: there is no {script}"
         argv = ["bin/rlrunner", "train"] + argv[1:]
     return argv
 
