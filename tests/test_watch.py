@@ -76,7 +76,7 @@ def test_the_watch_logs_its_metrics_reports_a_failing_guard_once_and_fires_on_a_
     (alarm,) = [line for line in err.splitlines() if "reward-hacking watch:" in line]
     assert "guard eval_reward fell 0.7600 -> 0.0200 since the first eval while the training reward rose 0.4250 -> " \
            "0.7000" in alarm
-    samples = tmp_path / "samples" / "watch_alarm_step000004.png"
+    samples = tmp_path / "samples" / "watch_alarm_samples_step000004.png"
     assert samples.is_file() and str(samples) in alarm
     with pytest.raises(WatchStopped, match="stopped the run after step 4 .*checkpoint saved to ckpt"):
         watch.stop_if_fired(4, lambda: "ckpt")

@@ -119,13 +119,13 @@ class Watch:
     def save_samples(self, step: int, name: str, reward: RewardOutput, logged: Batch,
                      run_logger: RunLogger) -> Path | None:
         """The eval's logged samples, captioned with the fired guard's score (the eval reward's for the built-in
-        guards), as ``samples/watch_alarm_step<N>.png`` beside the run's other sample grids."""
+        guards), as ``samples/watch_alarm_samples_step<N>.png`` beside the run's other sample grids."""
         n = len(logged)
         if n == 0:
             return None
         scores = reward.extra.get(GUARD_PREFIX + name, reward.avg.reshape(len(reward.avg), -1).mean(axis=1))
         texts = reward.recognised_texts()
-        return run_logger.samples("watch/alarm", logged.tensors["images"].numpy(), logged.meta["prompts"],
+        return run_logger.samples("watch/alarm_samples", logged.tensors["images"].numpy(), logged.meta["prompts"],
                                   scores[:n], step, texts=None if texts is None else texts[:n])
 
     def record(self, step: int, name: str, samples: Path | None) -> None:
