@@ -72,6 +72,7 @@ CROSS_KEY_CHECKS: tuple[CrossCheck, ...] = (
     objective_checks.check_algorithm,
     objective_checks.check_awm,
     run_checks.check_resume,
+    run_checks.check_watch,
     model_checks.check_model,
     model_checks.check_model_family,
     objective_checks.check_flow_grpo,  # after the model's: it reads the guidance they resolved

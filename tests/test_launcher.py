@@ -194,6 +194,11 @@ def test_the_default_recipe_learns_from_its_reward(tmp_path):
     gains = {name: curve[LEARNING_STEPS] - curves["reward"][0] for name, curve in curves.items()}
     assert gains["reward"] - gains["shuffled"] >= MARGIN, gains
     assert gains["reward"] >= MIN_GAIN, gains
+    # the honest run, as shipped, never sets off the reward-hacking watch (issue 43): watch/alarm is 0 at every eval
+    (run_dir,) = (tmp_path / "reward").iterdir()
+    alarms = {r["step"]: r["watch/alarm"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if "eval/avg" in r}
+    assert alarms == {0: 0.0, LEARNING_STEPS: 0.0}, alarms
 
 
 def test_every_command_the_readme_prints_goes_through_the_projects_environment():

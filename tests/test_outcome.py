@@ -13,6 +13,7 @@ from rlrunner.rewards import RewardUnavailable
 from rlrunner.run.checkpoint import CheckpointError
 from rlrunner.run.outcome import Outcome, ending_error, run_outcome
 from rlrunner.run.preemption import Preempted, WorkersStopped
+from rlrunner.run.watch import WatchStopped
 
 LOST = WorkerLost("actor", 0, "10.0.0.7", "died during 'update' (its process exited or was killed)")
 RELAUNCH = "relaunch the same command with runner.resume_dir=auto to go on"
@@ -67,3 +68,12 @@ def test_without_a_stop_signal_or_with_an_error_of_its_own_the_run_ends_with_tha
     assert ending_error(error, "", 3, 2) is error
     if error is not LOST:  # a worker whose own code raised (or a bug) is no signal's doing
         assert ending_error(error, "SIGTERM", 3, 2) is error
+
+
+def test_a_run_the_reward_hacking_watch_stopped_exits_5_with_its_checkpoint_and_how_to_go_on():
+    saved = Path("/logs/run/checkpoints/global_step_10")
+    outcome = run_outcome(WatchStopped(10, saved, "guard eval_reward fell 0.7590 -> 0.0212"))
+    assert (outcome.status, outcome.exit_code) == ("failed", 5)
+    assert outcome.message == (f"rlrunner: the reward-hacking watch stopped the run after step 10 (guard eval_reward "
+                               f"fell 0.7590 -> 0.0212; checkpoint saved to {saved}); look at the saved samples "
+                               f"(docs/reward_hacking.md), then {RELAUNCH}")

@@ -1,4 +1,5 @@
-"""Pure tensor math of DiffusionNFT: the loss, advantages, EMA schedules and flow samplers (imports only torch).
+"""Pure tensor math of DiffusionNFT: the loss, advantages, EMA schedules, flow samplers and the reward-hacking
+watch's diversity measure and alarm rule (imports only torch).
 
 May import: nothing of rlrunner
 """

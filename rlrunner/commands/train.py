@@ -8,7 +8,8 @@ one line and exit with status 2; a worker that raised, died or hung ends the run
 naming its component and rank (a node that lacks rlrunner or a recipe folder is a user error: status 2, one line
 naming the node and the fix), once ``runner.max_restarts`` restarts on new workers did not help. SIGTERM or SIGINT
 (``runner.save_on_signal``) stops the run after its current step with a checkpoint: status 4 (also when the workers
-got the signal too and the step in flight died with them); a second signal stops it at once: status 130. Every
+got the signal too and the step in flight died with them); a second signal stops it at once: status 130. The
+reward-hacking watch's alarm with ``runner.watch.action: stop`` ends the run with a checkpoint: status 5. Every
 status and last line comes from :mod:`rlrunner.run.outcome`.
 """
 
@@ -32,6 +33,7 @@ from rlrunner.run.outcome import (  # noqa: F401 (the exit statuses, named where
     EXIT_PREEMPTED,
     EXIT_REWARD_UNAVAILABLE,
     EXIT_USER_ERROR,
+    EXIT_WATCH_STOPPED,
     EXIT_WORKER_FAILED,
     run_outcome,
 )

@@ -60,6 +60,24 @@ class LoggerConfig:
 
 
 @dataclass
+class WatchConfig:
+    """The reward-hacking watch (docs/reward_hacking.md): guards scored on every eval's samples, and an alarm."""
+
+    enabled: bool = True  # score the guards at each eval and log watch/alarm; false: no guard, no alarm
+    # extra guards, each a reward setting (the keys of env.<split>.reward) with a name: scored on the eval's samples
+    # and logged as eval/guard/<name>, e.g. [{name: contrast, model: image_stats}]; the eval reward (when it differs
+    # from the training reward) and sample diversity are watched without being listed
+    guards: list[Any] = field(default_factory=list)
+    diversity: bool = True  # watch eval/diversity (pixel distance between the eval's samples, relative to step 0)
+    action: str = "warn"  # when the alarm fires: warn (one line, the samples saved) | stop (also a checkpoint, exit 5)
+    # the alarm: a guard fell by at least this fraction of its value at the first eval ...
+    max_drop: float = 0.5
+    # ... while the training reward rose by at least this much (mean of its last `window` steps - its first `window`)
+    min_reward_rise: float = 0.02
+    window: int = 5  # training steps averaged at each end of the training reward's trend
+
+
+@dataclass
 class RunnerConfig:
     max_steps: int = -1  # training steps of the run (-1 = runner.max_epochs epochs)
     # with max_steps -1: passes over the training prompts (each step draws total_num_envs / group_size prompts)
@@ -98,6 +116,7 @@ class RunnerConfig:
     # once); false: stop at once, as any process does
     save_on_signal: bool = True
     seed: int = 42  # the run's seed: prompt order, rollout noise and eval noise derive from it
+    watch: WatchConfig = field(default_factory=WatchConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 

@@ -3,8 +3,9 @@
 (``preemption.py``), how a run ended (``outcome.py``: the trackers' status, the exit status and its last line),
 checkpoints on disk (``checkpoint.py``), which checkpoint a resume, a restart or an export takes
 (``checkpoint_index.py``), whether the resuming recipe allows it (``resume_point.py``), what the driver saves
-beside the actor's state (``run_checkpoints.py``), which adapters a weight sync sends
-(``weight_sync.py``) and the checks of the run's keys (``checks.py``).
+beside the actor's state (``run_checkpoints.py``), what it logs besides scalars (``run_logging.py``), which
+adapters a weight sync sends (``weight_sync.py``), the reward-hacking watch (``watch.py``) and the checks of the
+run's keys (``checks.py``).
 
 May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.data, rlrunner.models,
 rlrunner.objectives, rlrunner.rewards, rlrunner.step, rlrunner.tracking, rlrunner.utils, rlrunner.workers

@@ -11,6 +11,8 @@ exit statuses (docs/runs.md "Preemption and recovery"):
 * 3: a required reward could not score (``runner.max_reward_error_steps``, or its service is down at start);
 * 4: preempted: a stop signal ended the run, at a step boundary with a checkpoint, or in the step in flight when
   the workers got the signal too (the newest complete checkpoint stands): relaunch with ``runner.resume_dir=auto``;
+* 5: the reward-hacking watch's alarm stopped the run (``runner.watch.action: stop``), with a checkpoint:
+  look at the saved samples, then relaunch with ``runner.resume_dir=auto`` to go on (docs/reward_hacking.md);
 * 130: a second signal (or ``runner.save_on_signal: false``) stopped the run at once.
 """
 
@@ -24,12 +26,14 @@ from rlrunner.rewards import RewardUnavailable
 from rlrunner.run.checkpoint import CheckpointError
 from rlrunner.run.preemption import FAILED, FINISHED, PREEMPTED, Preempted, WorkersStopped
 from rlrunner.run.recovery import failure_cause
+from rlrunner.run.watch import WatchStopped
 
 EXIT_FINISHED = 0
 EXIT_WORKER_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_REWARD_UNAVAILABLE = 3
 EXIT_PREEMPTED = 4
+EXIT_WATCH_STOPPED = 5
 EXIT_INTERRUPTED = 130
 
 USER_ERRORS = (RecipeError, CheckpointError, PlacementError, NodeSetupError)
@@ -65,6 +69,8 @@ def run_outcome(error: BaseException | None) -> Outcome:
         return Outcome(FINISHED, EXIT_FINISHED)
     if isinstance(error, Preempted):
         return Outcome(PREEMPTED, EXIT_PREEMPTED, f"rlrunner: {error}")
+    if isinstance(error, WatchStopped):  # the run is sound but its reward is being gamed: resumable, not finished
+        return Outcome(FAILED, EXIT_WATCH_STOPPED, f"rlrunner: {error}")
     if isinstance(error, KeyboardInterrupt):
         return Outcome(PREEMPTED, EXIT_INTERRUPTED,
                        "rlrunner: interrupted; workers stopped (last complete checkpoint is kept)")

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 RESUME_FREE_KEYS = ("runner.max_steps", "runner.max_epochs", "runner.logger.", "runner.resume_dir",
                     "runner.resume_allow_changes", "runner.log_dir", "runner.save_interval", "runner.keep_last_n",
                     "runner.val_check_interval", "runner.val_before_train", "runner.sample_log_interval",
-                    "runner.num_logged_samples", "runner.max_restarts", "runner.save_on_signal", "cluster.",
+                    "runner.num_logged_samples", "runner.max_restarts", "runner.save_on_signal", "runner.watch.", "cluster.",
                     "actor.strategy", "actor.one_rank_group")
 
 

@@ -23,7 +23,8 @@ LENGTH_FREE_SCHEDULES = ("constant", "constant_with_warmup")
 
 class RunCheckpoints:
     """Checkpoint methods of :class:`~rlrunner.run.runner.Runner`, which holds the state they save and restore (step,
-    prompt sampler, counters, the rollout's adapters and a rollout started ahead) and the worker groups."""
+    prompt sampler, counters, the rollout's adapters, a rollout started ahead and the reward-hacking watch) and the worker
+    groups."""
 
     def save(self) -> Path:
         root = self.log_dir / "checkpoints"
@@ -34,6 +35,7 @@ class RunCheckpoints:
                  # last sync was before this step (runner.weight_sync_interval > 1): a resume must not sync newer
                  "lr_schedule_steps": self.lr_schedule_steps, "rollout_world_size": self.rollout.world_size,
                  "synced_step": self.synced_step,
+                 "watch": self.watch.state_dict(),  # the guards' first values and the training reward's history
                  "rollout_adapters": self.rollout_adapters if self.synced_step != self.step else None,
                  # a rollout started ahead is replayed on resume: its prompt rows and the adapters that sampled it
                  "ahead": None if self.ahead is None else {"rows": self.ahead.rows, "step": self.ahead.step,
@@ -62,6 +64,7 @@ class RunCheckpoints:
         self.nonfinite_in_a_row = ckpt["runner"]["nonfinite_in_a_row"]
         self.reward_failures_in_a_row = ckpt["runner"].get("reward_failures_in_a_row", 0)
         self.saved_step = self.step
+        self.watch.load_state_dict(ckpt["runner"].get("watch"))
         ahead = ckpt["runner"].get("ahead")
         if ahead is not None:
             self.rollout.call("sync_weights", ahead["adapters"])

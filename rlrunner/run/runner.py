@@ -31,7 +31,9 @@ from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.run.checkpoint import complete_checkpoints
 from rlrunner.run.preemption import FINISHED, Preempted, StopSignals
 from rlrunner.run.run_checkpoints import RunCheckpoints
+from rlrunner.run.run_logging import RunLogging
 from rlrunner.run.supervisor import supervise
+from rlrunner.run.watch import Watch
 from rlrunner.run.weight_sync import WeightSync
 from rlrunner.step.batch import Batch
 from rlrunner.step.data_plane import RolloutParts
@@ -54,7 +56,7 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts])) for k in dicts[0]}
 
 
-class Runner(RunCheckpoints, WeightSync):
+class Runner(RunCheckpoints, RunLogging, WeightSync):
     def __init__(self, cfg: DictConfig, log_dir: Path, cluster: Any, *, resume_dir: str | None = None,
                  run_logger: RunLogger | None = None, stop_requested: Callable[[], str] | None = None) -> None:
         """Start the workers on ``cluster``, resume (``resume_dir``, default ``runner.resume_dir``), then open the
@@ -77,7 +79,8 @@ class Runner(RunCheckpoints, WeightSync):
                                    self.lr_schedule_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
                                      algorithm_cfg=alg, context_parallel_size=cfg.rollout.context_parallel_size)
-        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env))
+        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env, run.watch))
+        self.watch = Watch(cfg, self.log_dir)  # the reward-hacking watch (rlrunner/run/watch.py)
         write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         self.env.call("set_prompt_metadata", {split: data.metadata for split, data in datasets.items()})
         self.step = 0
@@ -119,6 +122,7 @@ class Runner(RunCheckpoints, WeightSync):
                 self.evaluate()
             if (run.save_interval > 0 and self.step % run.save_interval == 0) or (last and run.save_interval >= 0):
                 self.save()
+            self.watch.stop_if_fired(self.step, self.save if self.step != self.saved_step else None)
         progress.close()
         tqdm.write(run_summary(self.log_dir, self.step - first_step, time.monotonic() - start,
                                self.run_logger.writer is not None, complete_checkpoints(self.log_dir / "checkpoints")),
@@ -148,6 +152,7 @@ class Runner(RunCheckpoints, WeightSync):
         metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/ema_tau": tau,
                    **timer.metrics()}
         self.run_logger.scalars(metrics, self.step)
+        self.watch.train_reward(metrics["env/avg"])
         if self.logs_samples_at(self.step):
             self.log_samples("train/samples", rollout.logged, reward)
         return metrics
@@ -285,38 +290,13 @@ class Runner(RunCheckpoints, WeightSync):
         with timer("eval"), self.trained_adapter_on_rollout():  # the eval samples the trained adapter
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(range(len(self.eval_prompts))), 1, "eval", timer, step=0)
-        metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"]}
+        metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"],
+                   **self.watch.at_eval(self.step, reward, rollout.logged, self.run_logger)}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", rollout.logged, reward)
         tqdm.write(f"[step {self.step}] eval reward {metrics['eval/avg']:.4f} over {rollout.num_samples} held-out "
                    f"prompts", file=sys.stderr)
         return metrics
-
-    # ------------------------------------------------------------------ logging
-    @staticmethod
-    def reward_metrics(prefix: str, reward: RewardOutput) -> dict[str, float]:
-        return {f"{prefix}/avg": float(reward.avg.mean()), f"{prefix}/reward_errors": float(reward.errors),
-                **{f"{prefix}/{name}": value for name, value in reward.metrics().items()}}
-
-    def logs_samples_at(self, step: int) -> bool:
-        """Whether the training samples of global step ``step`` (counted from 1) are written to the logs."""
-        interval = self.cfg.runner.sample_log_interval
-        return interval > 0 and (step % interval == 0 or step == 1)
-
-    def log_samples(self, tag: str, logged: Batch, reward: RewardOutput) -> None:
-        """Write the ``logged`` samples (the first of the rollout) with their rewards (``reward``: all samples)."""
-        n = len(logged)
-        images = logged.tensors["images"].numpy()
-        per_sample = reward.avg.reshape(len(reward.avg), -1).mean(axis=1)
-        texts = reward.recognised_texts()  # what the OCR read: beside the target, it shows reward hacking
-        self.run_logger.samples(tag, images, logged.meta["prompts"], per_sample[:n], self.step,
-                                texts=None if texts is None else texts[:n])
-        if images.ndim == 5:
-            video_cfg = self.cfg.env["eval" if tag.startswith("eval") else "train"].video_cfg
-            out_dir = None
-            if video_cfg.save_video:
-                out_dir = Path(video_cfg.video_base_dir) if video_cfg.video_base_dir else self.log_dir / "videos"
-            self.run_logger.videos(tag, images, self.step, video_cfg.fps, out_dir)
 
     # ------------------------------------------------------------------ checkpoints
     def abandon(self) -> None:

@@ -19,6 +19,8 @@ from tqdm import tqdm
 from rlrunner.config.paths import REPO_DIR
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# <log_dir>/watch_alarms.jsonl: a line per alarm of the reward-hacking watch (rlrunner.run.watch), for the summary
+WATCH_FILE = "watch_alarms.jsonl"
 
 
 class ConsoleTee:
@@ -96,10 +98,19 @@ def eval_line(step: int, num_prompts: int, model_cfg: Any) -> str:
             f"{family.eval_sampler} steps")
 
 
+def watch_lines(log_dir: Path) -> list[str]:
+    """The summary's lines on the reward-hacking watch: each alarm of the run (its :data:`WATCH_FILE`)."""
+    path = log_dir / WATCH_FILE
+    alarms = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [f"  reward hacking?  the watch's alarm fired at step {a['step']}: guard {a['guard']} "
+            f"{a['first']:.4f} -> {a['now']:.4f}; samples: {a['samples']} (docs/reward_hacking.md)" for a in alarms]
+
+
 def run_summary(log_dir: Path, steps: int, seconds: float, tensorboard: bool, checkpoints: list[Path]) -> str:
     """A few lines for the console: held-out reward at the first and last eval of the run (its metrics.jsonl),
-    steps, wall time, the checkpoint and TensorBoard folders and the commands (:func:`command_prefix`) that open
-    TensorBoard and export the newest of the run's complete ``checkpoints``."""
+    each alarm of the reward-hacking watch (:func:`watch_lines`), steps, wall time, the checkpoint and TensorBoard
+    folders and the commands (:func:`command_prefix`) that open TensorBoard and export the newest of the run's
+    complete ``checkpoints``."""
     metrics = log_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     evals = [(r["step"], r["eval/avg"]) for r in records if r.get("eval/avg") is not None]  # null: NaN
@@ -109,6 +120,7 @@ def run_summary(log_dir: Path, steps: int, seconds: float, tensorboard: bool, ch
         (first_step, first), (last_step, last) = evals[0], evals[-1]
         change = f" ({last - first:+.4f})" if last_step != first_step else ""
         lines.append(f"  held-out reward: {first:.4f} at step {first_step} -> {last:.4f} at step {last_step}{change}")
+    lines += watch_lines(log_dir)
     if tensorboard:
         events = shlex.quote(str(log_dir / "tensorboard"))
         lines.append(f"  TensorBoard:     {command_prefix('tensorboard')} --logdir {events}")

@@ -11,16 +11,21 @@ import numpy as np
 from rlrunner.config.paths import node_paths
 from rlrunner.rewards import AsyncRewardScorer, RewardOutput, build_reward
 from rlrunner.step.batch import Batch
+from rlrunner.workers.guards import WatchedReward, build_guards
 
 SPLITS = ("train", "eval")
 
 
-def reward_settings(env_cfg: Any) -> Any:
-    """What an env worker is built from: each split's ``reward`` section of the recipe's ``env``, nothing more, so
-    that no path of the log folder (``video_cfg``) reaches a worker."""
+def reward_settings(env_cfg: Any, watch_cfg: Any = None) -> Any:
+    """What an env worker is built from: each split's ``reward`` section of the recipe's ``env``, and the
+    reward-hacking watch's (``runner.watch``; None: no watch), nothing more, so that no path of the log folder
+    (``video_cfg``) reaches a worker."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.create({split: {"reward": env_cfg[split].reward} for split in SPLITS})
+    settings = OmegaConf.create({split: {"reward": env_cfg[split].reward} for split in SPLITS})
+    if watch_cfg is not None and watch_cfg.enabled:
+        settings.watch = watch_cfg
+    return settings
 
 
 class EnvWorker:
@@ -42,7 +47,10 @@ class EnvWorker:
         self.scorers = {}
         for split in SPLITS:
             reward_cfg = env_cfg[split].reward
-            self.scorers[split] = AsyncRewardScorer(build_reward(reward_cfg), num_workers=reward_cfg.num_workers)
+            reward = build_reward(reward_cfg)
+            if split == "eval" and "watch" in env_cfg:  # the eval's samples are also the guards' (workers/guards.py)
+                reward = WatchedReward(reward, build_guards(env_cfg.watch), features=env_cfg.watch.diversity)
+            self.scorers[split] = AsyncRewardScorer(reward, num_workers=reward_cfg.num_workers)
         self._pending: dict[int, Future] = {}
         self._tickets = itertools.count()
         self.metadata: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
