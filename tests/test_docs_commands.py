@@ -24,7 +24,7 @@ STARTS = ("bin/rlrunner", "bash examples/diffusion/run_diffusion.sh", "examples/
 #   run: cheap and without side effects (keys prints; plan reads config files only);
 #   help: it would need a finished run (export), or start a server or a cluster that runs until stopped
 #     (serve_reward, tensorboard, ray): its --help must exit 0 and list every --option the line uses;
-#   python: run as written when it asks for --help or --dry-run, else its --help as above.
+#   python: run as written when it asks for --help or --dry-run or is `-c` code, else its --help as above.
 RULES = {"train": "dry-run", "plan": "run", "keys": "run", "export": "help", "serve_reward": "help",
          "tensorboard": "help", "ray": "help", "python": "python"}
 # paths a reader replaces with their own, and what stands in for them here (the RLinf recipes of the tests)
@@ -88,8 +88,11 @@ def _help_argv(argv: list[str]) -> list[str]:
     command = argv[:2]
     if argv[1] == "ray":
         command = argv[:3]
+    elif argv[1] == "python" and argv[2] == "-m":
+        # a module's subcommand has its own options (``python -m mkdocs build --help``)
+        command = argv[:5] if len(argv) > 4 and not argv[4].startswith("-") else argv[:4]
     elif argv[1] == "python":
-        command = argv[:4] if argv[2] == "-m" else argv[:3]
+        command = argv[:3]
     return command + ["--help"]
 
 
@@ -116,7 +119,8 @@ def test_documented_command_works(where, line, tmp_path):
         assert command in RULES, f"{where}: no rule for `bin/rlrunner {command}`: add one to RULES in {__file__}"
         rule = RULES[command]
     if rule == "python":
-        rule = "run" if {"--help", "--dry-run"} & set(argv) else "help"
+        # `python -c` runs the line's own code: it is as cheap as its --help would be
+        rule = "run" if {"--help", "--dry-run", "-c"} & set(argv) else "help"
     if any(PLACEHOLDER.search(word) for word in argv[2:]):
         rule = "help"  # a synopsis (<config_name>, [key=value ...]): the command and its options must exist
     if rule == "help":

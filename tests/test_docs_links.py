@@ -12,7 +12,8 @@ from docs_helpers import ROOT, anchors, doc_pages, github_slug, prose_lines, tra
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`[^`]*`")
 # README "Title", README \"Title\" (in a Python string), docs/<page>.md, "Title" and docs/<page>.md "Title"
-CITATION = re.compile(r"(README(?:\.md)?|docs/[\w/]+\.md),? \\?\"([^\"\\]+)\\?\"")
+# (a citation may wrap onto the next line: the title is read with its whitespace collapsed)
+CITATION = re.compile(r"(README(?:\.md)?|docs/[\w/]+\.md),?\s+\\?\"([^\"\\]+)\\?\"")
 
 
 def broken_anchors(page: Path, root: Path = ROOT) -> list[str]:
@@ -64,11 +65,11 @@ def citations() -> list[tuple[str, str, str]]:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
-        for number, line in enumerate(text.splitlines(), 1):
-            for match in CITATION.finditer(line):
-                cited = "README.md" if match[1].startswith("README") else match[1]
-                # a README elsewhere (rlrunner/rewards/geneval/README.md) is cited as "README.md here", not so
-                found.append((f"{path.relative_to(ROOT)}:{number}", cited, match[2]))
+        for match in CITATION.finditer(text):
+            cited = "README.md" if match[1].startswith("README") else match[1]
+            # a README elsewhere (rlrunner/rewards/geneval/README.md) is cited as "README.md here", not so
+            number = text.count("\n", 0, match.start()) + 1
+            found.append((f"{path.relative_to(ROOT)}:{number}", cited, " ".join(match[2].split())))
     return found
 
 

@@ -5,7 +5,6 @@ every package of rlrunner/ and the families that cannot use context parallelism.
 from __future__ import annotations
 
 import re
-import subprocess
 
 from shell_helpers import ROOT
 
@@ -62,30 +61,3 @@ def test_the_families_said_to_lack_a_context_parallel_plan_are_those_without_one
     assert set(re.findall(r"`(\w+)`", named.group(1))) == without
 
 
-CITATION = re.compile(r"(docs/[\w/]+\.md),? \\?\"([^\"\\]+)\\?\"")
-
-
-def test_every_citation_of_a_docs_section_names_a_heading_of_that_page():
-    # code, tests, recipes and pages cite sections as docs/<page>.md "Heading"; a renamed or moved heading fails here
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split()
-    cited, bad = 0, []
-    for name in listed:
-        path = ROOT / name
-        if path.suffix not in (".py", ".md", ".yaml", ".sh", "") or not path.is_file() or path.is_symlink():
-            continue
-        try:
-            text = " ".join(path.read_text().split())
-        except UnicodeDecodeError:
-            continue
-        for page, heading in CITATION.findall(text):
-            cited += 1
-            target = ROOT / page
-            # a heading, or the bold lead of a paragraph (**Steps computed again.**)
-            headings = re.findall(r"^(?:#+ (.+?)\s*|\*\*(.+?)\.?\*\*.*)$", target.read_text(), re.MULTILINE) \
-                if target.is_file() else []
-            headings = {part for pair in headings for part in pair if part}
-            if heading not in headings:
-                bad.append(f"{name}: {page} \"{heading}\"")
-    assert cited >= 10, cited  # the citations this test exists for are found at all
-    assert not bad, "citations of sections that do not exist:\n" + "\n".join(bad)
