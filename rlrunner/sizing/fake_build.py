@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from rlrunner.sizing.tracker import MemoryTracker
 from rlrunner.sizing.meta import ModelFolderError, _fp32_module_names, build_on_meta, read_components
+from rlrunner.sizing.tracker import MemoryTracker
 
 DENOISER_PARTS = ("transformer", "transformer_2", "unet")
 VAE = "vae"
@@ -69,23 +69,23 @@ def meta_pipeline(family: type, model_path: str, dtype: torch.dtype, denoiser_on
     return pipe
 
 
-def materialize(module: nn.Module, fake_mode: FakeTensorMode, tracker: MemoryTracker) -> None:
-    """Replace every meta parameter and buffer of ``module`` by a fake CPU tensor of its shape and dtype, counted
-    by ``tracker`` as parameters."""
-    with fake_mode:
+def materialize(module: nn.Module, fake_mode: FakeTensorMode | None, tracker: MemoryTracker) -> None:
+    """Replace every meta parameter and buffer of ``module`` by a fake CPU tensor of its shape and dtype (a real
+    one of zeros without ``fake_mode``), counted by ``tracker`` as parameters."""
+    with fake_mode or contextlib.nullcontext():
         for sub in module.modules():
             for name, param in list(sub._parameters.items()):
                 if param is not None and param.is_meta:
-                    sub._parameters[name] = nn.Parameter(torch.empty_like(param, device="cpu"),
+                    sub._parameters[name] = nn.Parameter(torch.zeros_like(param, device="cpu"),
                                                          requires_grad=param.requires_grad)
                     tracker.track(sub._parameters[name], "parameters")
             for name, buffer in list(sub._buffers.items()):
                 if buffer is not None and buffer.is_meta:
-                    sub._buffers[name] = torch.empty_like(buffer, device="cpu")
+                    sub._buffers[name] = torch.zeros_like(buffer, device="cpu")
                     tracker.track(sub._buffers[name], "parameters")
 
 
-def fake_family(family: type, fake_mode: FakeTensorMode, tracker: MemoryTracker) -> type:
+def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryTracker) -> type:
     """``family`` with build step 1 from config files on meta and a placement that makes fake tensors."""
 
     class Fake(family):
@@ -121,10 +121,11 @@ def fake_family(family: type, fake_mode: FakeTensorMode, tracker: MemoryTracker)
     return Fake
 
 
-def build_fake_model(model_cfg: Any, fake_mode: FakeTensorMode, tracker: MemoryTracker, *, denoiser_only: bool,
+def build_fake_model(model_cfg: Any, fake_mode: FakeTensorMode | None, tracker: MemoryTracker, *, denoiser_only: bool,
                      dtype: torch.dtype) -> Any:
     """``model_cfg``'s family at its settings (LoRA, gradient checkpointing) on fake CPU tensors in ``dtype``,
-    counted by ``tracker``. Call it outside the fake mode (the meta build runs there)."""
+    counted by ``tracker`` (``fake_mode`` None: real tensors of zeros). Call it outside the fake mode (the meta
+    build runs there)."""
     from rlrunner.models import model_class
 
     family_cfg = model_cfg[model_cfg.model_type]

@@ -34,6 +34,12 @@ from rlrunner.sizing.fake_build import build_fake_model, fake_process_group, out
 from rlrunner.sizing.tracker import MemoryTracker, PhasePeak
 from rlrunner.utils.device import PRECISIONS
 
+#: what no recipe's simulation runs (named on screen and in the JSON)
+NOT_SIMULATED = (
+    "eval rollouts: the rollout phase with the eval sampler's steps and the trained adapter; not run separately",
+    "env: reward models and OCR engines (the formula's plan counts the reward models)",
+    "the CUDA context (~0.5-1 GiB per process) and allocator fragmentation",
+)
 #: micro-batches of the one optimizer step the actor simulation runs: two without gradient sync, then the sync pass
 SIMULATED_MICRO_BATCHES = 3
 
@@ -59,13 +65,13 @@ class Simulation:
     not_simulated: list[str]
 
 
-def _fake_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype)
 
 
 def _cond(shapes: Any, rows: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """``rows`` rows of the family's text conditioning (:class:`~rlrunner.models.shapes.SampleShapes`)."""
-    return {name: _fake_tensor((rows, *shape), dtype if kind is None else kind)
+    return {name: _zeros((rows, *shape), dtype if kind is None else kind)
             for name, (shape, kind) in shapes.cond.items()}
 
 
@@ -87,7 +93,14 @@ def _measured(run: ComponentRun, tracker: MemoryTracker, phase: str, category: s
     run.flops[phase] = int(counter.get_total_flops())
 
 
-def simulate_rollout(cfg: Any, geometry: Any) -> tuple[ComponentRun, dict[str, tuple[tuple[int, ...], torch.dtype]]]:
+def _modes(fake: bool) -> tuple[FakeTensorMode | None, MemoryTracker]:
+    """The fake mode and tracker of a simulation; ``fake=False``: real tensors, counted alike (the tests' check)."""
+    if fake:
+        return FakeTensorMode(allow_non_fake_inputs=True), MemoryTracker()
+    return None, MemoryTracker(count_real=True)
+
+
+def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[ComponentRun, dict]:
     """The rollout worker's phases for one ``generate`` call; also the per-sample training tensors it returns
     (name -> (shape, dtype)), which the actor trains on."""
     from rlrunner.objectives import build_objective
@@ -97,10 +110,10 @@ def simulate_rollout(cfg: Any, geometry: Any) -> tuple[ComponentRun, dict[str, t
     model_cfg = cfg.actor.model
     family_cfg = model_cfg[model_cfg.model_type]
     dtype = PRECISIONS[str(model_cfg.precision)]
-    fake_mode, tracker = FakeTensorMode(allow_non_fake_inputs=True), MemoryTracker()
+    fake_mode, tracker = _modes(fake)
     objective = build_objective(cfg.algorithm, family_cfg)
     samples = geometry.samples_per_rollout_call
-    with fake_mode, tracker:
+    with fake_mode or contextlib.nullcontext(), tracker:
         with _measured(run, tracker, "rollout_load", "parameters"), unset_fake_temporarily():
             model = build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=False, dtype=dtype)
         run.swappable = _storage_bytes(model.transformer)
@@ -111,7 +124,7 @@ def simulate_rollout(cfg: Any, geometry: Any) -> tuple[ComponentRun, dict[str, t
         cond = model.repeat_cond(_cond(model.shapes, samples // geometry.group_size or 1, dtype), geometry.group_size)
         if model.guidance == "cfg" and model.resolved_guidance.scale > 1:
             model._negative_cond = _cond(model.shapes, 1, dtype)  # the negative prompt's conditioning, encoded
-        noise = _fake_tensor((samples, *model.latent_shape), torch.float32)
+        noise = _zeros((samples, *model.latent_shape), torch.float32)
         with _measured(run, tracker, "rollout"):
             x0, kept = objective.rollout(model, cond, noise, torch.Generator())
         with _measured(run, tracker, "decode"):
@@ -126,17 +139,17 @@ def simulate_rollout(cfg: Any, geometry: Any) -> tuple[ComponentRun, dict[str, t
             list(model.text_encoders.values()) * model._option("offload_text_encoder"))
         run.resident = tracker.current - sum(_storage_bytes(part) for part in parked if part is not None)
     train = {"x0": (tuple(model.latent_shape), torch.float32)}
-    train.update({name: (tuple(t.shape[1:]), t.dtype) for name, t in _kept_shapes(objective, model, cond, noise)})
+    train.update({name: (tuple(t.shape[1:]), t.dtype) for name, t in _kept_shapes(objective, model, cond, noise, fake)})
     run.seconds = time.perf_counter() - started
     return run, train
 
 
-def _kept_shapes(objective: Any, model: Any, cond: dict[str, torch.Tensor], noise: torch.Tensor) -> list:
+def _kept_shapes(objective: Any, model: Any, cond: dict[str, torch.Tensor], noise: torch.Tensor, fake: bool) -> list:
     """The tensors the objective's rollout keeps per sample (shapes only), from a rollout of one sample."""
     if not objective.kept_latents_per_sample():
         return []
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_mode, MemoryTracker():
+    fake_mode, tracker = _modes(fake)
+    with fake_mode or contextlib.nullcontext(), tracker:
         _, kept = objective.rollout(model, {k: v[:1] for k, v in cond.items()}, noise[:1], torch.Generator())
     return list(kept.items())
 
@@ -157,15 +170,15 @@ def _actor_batch(geometry: Any, model: Any, train: dict, dtype: torch.dtype, n: 
     from rlrunner.step.batch import Batch
 
     prompts = max(1, n // geometry.group_size)
-    tensors = {name: _fake_tensor((n, *shape), kind) for name, (shape, kind) in train.items()}
+    tensors = {name: _zeros((n, *shape), kind) for name, (shape, kind) in train.items()}
     per_prompt = {f"cond.{k}": v for k, v in _cond(model.shapes, prompts, dtype).items()}
     with unset_fake_temporarily():  # the indices are real (the tracker runs ops on real tensors for real)
         prompt_index, index = torch.arange(n) * prompts // n, torch.arange(n)
     batch = Batch(tensors, {}, per_prompt, prompt_index)
-    return [batch], index, index.clone(), _fake_tensor((n,), torch.float32)
+    return [batch], index, index.clone(), _zeros((n,), torch.float32)
 
 
-def simulate_actor(cfg: Any, geometry: Any, train: dict) -> ComponentRun:
+def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> ComponentRun:
     """Rank 0 of the actor group over ``geometry.actor_ranks`` fake ranks: load, one step's update, EMA, sync."""
     from rlrunner.cluster import parallelize as parallelize_module
     from rlrunner.workers import actor as actor_module
@@ -176,7 +189,7 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict) -> ComponentRun:
     groups = geometry.actor_ranks // geometry.actor_cp
     actor_cfg = OmegaConf.merge(cfg.actor, {"global_batch_size": simulated * groups})
     dtype = PRECISIONS[str(actor_cfg.model.precision)]
-    fake_mode, tracker = FakeTensorMode(allow_non_fake_inputs=True), MemoryTracker()
+    fake_mode, tracker = _modes(fake)
 
     def build(model_cfg: Any, denoiser_only: bool = False) -> Any:
         with unset_fake_temporarily():
@@ -185,7 +198,7 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict) -> ComponentRun:
     world = geometry.actor_ranks
     patches = (mock.patch.object(actor_module, "build_model", build),
                mock.patch.object(parallelize_module, "parallel_mesh", outside_fake(parallelize_module.parallel_mesh)))
-    with fake_process_group(world), patches[0], patches[1], fake_mode, tracker:
+    with fake_process_group(world), patches[0], patches[1], fake_mode or contextlib.nullcontext(), tracker:
         with _measured(run, tracker, "actor_load", "parameters"):
             worker = actor_module.ActorWorker(actor_cfg, cfg.algorithm, 1, rank=0, world_size=world)
         _label_gradients(worker, tracker)
@@ -234,6 +247,5 @@ def simulate_recipe(cfg: Any, geometry: Any, components: tuple[str, ...] = ("rol
     if "actor" in components:
         runs["actor"] = simulate_actor(cfg, geometry, train)
     not_simulated = [line for run in runs.values() for line in run.not_simulated]
-    not_simulated += ["eval rollouts (runner.eval_every): sampled as the training rollout, with the eval sampler's "
-                      "steps; not run separately", "env: reward models and OCR engines"]
+    not_simulated += list(NOT_SIMULATED)
     return Simulation(runs, not_simulated)

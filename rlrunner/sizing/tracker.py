@@ -7,7 +7,7 @@ one when it is allocated (``parameters`` while the model loads, ``optimizer stat
 ``activations`` otherwise), ``communication`` for what a collective or FSDP2's all-gather writes, and
 ``gradients`` once the engine holds it as a parameter's ``.grad`` (:meth:`MemoryTracker.relabel`).
 
-An op on real tensors only (the batch's indices, the device mesh's) runs for real, outside the fake mode, so
+An op on real host tensors only (the batch's indices, the device mesh's; not meta ones) runs for real, outside the fake mode, so
 bookkeeping keeps its values. Data-dependent reads (``.item()``, ``float(tensor)``, ``.tolist()`` of a fake tensor) read 0: the simulated step
 takes the path where every metric is 0 and the gradient norm is finite, so the optimizer steps.
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, is_fake, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -47,11 +47,12 @@ def _zero_of(tensor: torch.Tensor) -> bool | int | float:
 class MemoryTracker(TorchDispatchMode):
     """Live storages and per-phase peaks of the fake tensors made under it (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, count_real: bool = False) -> None:
         super().__init__()
-        self._next_key = 0
-        self._keys: dict[int, int] = {}  # id(storage) -> key, while the storage lives
-        self._live: dict[int, tuple[int, str]] = {}  # key -> (bytes, category)
+        #: a run on real tensors (the tests' comparison with the fake one): ops run as they come, scalars read true
+        self.count_real = count_real
+        self._live: dict[int, list] = {}  # StorageImpl address -> [bytes, category, tracked tensors on it]
+        self._tensors: set[int] = set()  # ids of the live tensors counted
         self.totals = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
         self.category = "activations"
@@ -59,37 +60,41 @@ class MemoryTracker(TorchDispatchMode):
         self.phases: dict[str, PhasePeak] = {}
 
     # ------------------------------------------------------------------ counting
-    def _free(self, key: int, storage_id: int) -> None:
-        nbytes, category = self._live.pop(key)
-        self._keys.pop(storage_id, None)
-        self.totals[category] -= nbytes
-        self.current -= nbytes
+    # A storage lives while a tensor on it does: fake tensors' storage objects are not kept alive with them, so
+    # each storage (keyed by its StorageImpl) counts the tracked tensors on it and is freed with the last one.
+    def _release(self, key: int, tensor_id: int) -> None:
+        self._tensors.discard(tensor_id)
+        entry = self._live[key]
+        entry[2] -= 1
+        if entry[2] == 0:
+            del self._live[key]
+            self.totals[entry[1]] -= entry[0]
+            self.current -= entry[0]
 
     def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
         """Count ``tensor``'s storage (once) in ``category`` (default: the current one); a DTensor: its shard."""
         tensor = getattr(tensor, "_local_tensor", tensor)
-        if not isinstance(tensor, FakeTensor):
-            return
+        if tensor.is_meta and not is_fake(tensor):
+            return  # the meta build's tensors hold nothing
         storage = tensor.untyped_storage()
-        storage_id = id(storage)
-        if storage_id in self._keys:
-            if category is not None:
-                self._relabel_key(self._keys[storage_id], category)
-            return
-        key, self._next_key = self._next_key, self._next_key + 1
-        nbytes = storage.nbytes()
-        label = category or self.category
-        self._keys[storage_id] = key
-        self._live[key] = (nbytes, label)
-        self.totals[label] += nbytes
-        self.current += nbytes
-        weakref.finalize(storage, self._free, key, storage_id)
-        self._note_peak()
+        key = storage._cdata
+        if key not in self._live:
+            label = category or self.category
+            self._live[key] = [storage.nbytes(), label, 0]
+            self.totals[label] += storage.nbytes()
+            self.current += storage.nbytes()
+            self._note_peak()
+        elif category is not None:
+            self._relabel_key(key, category)
+        if id(tensor) not in self._tensors:
+            self._tensors.add(id(tensor))
+            self._live[key][2] += 1
+            weakref.finalize(tensor, self._release, key, id(tensor))
 
     def _relabel_key(self, key: int, category: str) -> None:
-        nbytes, old = self._live[key]
+        nbytes, old, _ = self._live[key]
         if old != category:
-            self._live[key] = (nbytes, category)
+            self._live[key][1] = category
             self.totals[old] -= nbytes
             self.totals[category] += nbytes
 
@@ -126,15 +131,16 @@ class MemoryTracker(TorchDispatchMode):
             self.category = outer
 
     # ------------------------------------------------------------------ the dispatch mode
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's protocol)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _SCALAR_READ and isinstance(args[0], FakeTensor):
             return _zero_of(args[0])  # the defined path of data-dependent code (module docstring)
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if inputs and not any(isinstance(t, FakeTensor) for t in inputs):
+        if not self.count_real and inputs and not any(is_fake(t) or t.is_meta for t in inputs):
             with unset_fake_temporarily():  # real in, real out: batch bookkeeping (indices) stays real
-                return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         communication = func.namespace in COMMUNICATION_NAMESPACES
         written = tree_flatten((out, kwargs.get("out")))[0]
         for tensor in written:
