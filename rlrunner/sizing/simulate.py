@@ -196,9 +196,15 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
             return build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=denoiser_only, dtype=dtype)
 
     world = geometry.actor_ranks
-    patches = (mock.patch.object(actor_module, "build_model", build),
-               mock.patch.object(parallelize_module, "parallel_mesh", outside_fake(parallelize_module.parallel_mesh)))
-    with fake_process_group(world), patches[0], patches[1], fake_mode or contextlib.nullcontext(), tracker:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_process_group(world))
+        stack.enter_context(mock.patch.object(actor_module, "build_model", build))
+        stack.enter_context(mock.patch.object(parallelize_module, "parallel_mesh",
+                                              outside_fake(parallelize_module.parallel_mesh)))
+        for patch in _fsdp_storage_patches(tracker):
+            stack.enter_context(patch)
+        stack.enter_context(fake_mode or contextlib.nullcontext())
+        stack.enter_context(tracker)
         with _measured(run, tracker, "actor_load", "parameters"):
             worker = actor_module.ActorWorker(actor_cfg, cfg.algorithm, 1, rank=0, world_size=world)
         _label_gradients(worker, tracker)
@@ -216,6 +222,22 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
     run.flops["update"] = run.flops["update"] * per_rank // simulated  # the step's micro-batches repeat the simulated
     run.seconds = time.perf_counter() - started
     return run
+
+
+def _fsdp_storage_patches(tracker: MemoryTracker) -> list:
+    """FSDP2's storage resizes of its gathered weights (``alloc_storage`` / ``free_storage``), told to ``tracker``."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    def told(resize: Any) -> Any:
+        def run(tensor: torch.Tensor) -> None:
+            resize(tensor)
+            tracker.resized(tensor)
+
+        return run
+
+    return [mock.patch.object(_fsdp_param, "alloc_storage", told(_fsdp_param.alloc_storage)),
+            mock.patch.object(_fsdp_param, "free_storage", told(_fsdp_param.free_storage)),
+            mock.patch.object(_fsdp_param_group, "alloc_storage", told(_fsdp_param_group.alloc_storage))]
 
 
 def _label_gradients(worker: Any, tracker: MemoryTracker) -> None:

@@ -87,9 +87,25 @@ class MemoryTracker(TorchDispatchMode):
         elif category is not None:
             self._relabel_key(key, category)
         if id(tensor) not in self._tensors:
+            # torch keeps a tensor's Python object alive while C++ holds the tensor only if it has Python state
+            # (fake tensors are a subclass): without this a real tensor's finalizer would run too early
+            tensor._simulator_counted = True
             self._tensors.add(id(tensor))
             self._live[key][2] += 1
             weakref.finalize(tensor, self._release, key, id(tensor))
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """Recount ``tensor``'s storage after an in-place resize (FSDP2 frees and re-allocates its gathered
+        weights' storages so, without a new tensor)."""
+        storage = tensor.untyped_storage()
+        entry = self._live.get(storage._cdata)
+        if entry is None:
+            self.track(tensor)
+            return
+        change, entry[0] = storage.nbytes() - entry[0], storage.nbytes()
+        self.totals[entry[1]] += change
+        self.current += change
+        self._note_peak()
 
     def _relabel_key(self, key: int, category: str) -> None:
         nbytes, old, _ = self._live[key]
