@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlrunner.config.loader import recipe_path  # noqa: E402  (after the path set-up above)
+from rlrunner.config.loader import recipe_path  # after the path set-up above
 
 #: GPU recipe -> its config-only folder under bench/model_configs/
 RECIPE_FOLDERS = {
@@ -85,7 +85,7 @@ def main() -> None:
             continue
         simulated = max(device["peak_gib"] for device in result["devices"])
         ratio = simulated / formula if formula else float("nan")
-        print(f"{recipe:<32}{formula:>12.1f}{simulated:>15.1f}{ratio:>7.2f}{str(result['fits']):>6}{seconds:>9.0f}",
+        print(f"{recipe:<32}{formula:>12.1f}{simulated:>15.1f}{ratio:>7.2f}{result['fits']!s:>6}{seconds:>9.0f}",
               flush=True)
 
 
