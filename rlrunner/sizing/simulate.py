@@ -12,8 +12,9 @@ of its group (rank 0; the others mirror it):
   AdamW), ``update`` (its ``update`` on this rank's share of the step: micro-batches, the objective's loss, the
   engine's gradient sync, AdamW), ``ema`` and ``weight_sync`` (``lora_weights``).
 
-Bytes are counted by :class:`~rlrunner.sizing.tracker.MemoryTracker`; FLOPs by torch's ``FlopCounterMode`` on the
-same run. What is not simulated is named in :attr:`Simulation.not_simulated`, never dropped silently.
+Bytes and FLOPs are counted by :class:`~rlrunner.sizing.tracker.MemoryTracker` (FLOPs by the formulas of torch's flop
+counter: its ``FlopCounterMode`` itself keeps tensors alive through its module hooks). What is not simulated is
+named in :attr:`Simulation.not_simulated`, never dropped silently.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from unittest import mock
 import torch
 from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from torch.utils.flop_counter import FlopCounterMode
 
 from rlrunner.sizing.fake_build import build_fake_model, fake_process_group, outside_fake
 from rlrunner.sizing.tracker import MemoryTracker, PhasePeak
@@ -86,11 +86,11 @@ def _storage_bytes(module: torch.nn.Module) -> int:
 @contextlib.contextmanager
 def _measured(run: ComponentRun, tracker: MemoryTracker, phase: str, category: str = "activations") -> Iterator[None]:
     """The block as ``phase`` of ``run``: its peak bytes and FLOPs."""
-    counter = FlopCounterMode(display=False)
-    with tracker.in_phase(phase, category), counter:
+    flops = tracker.flops
+    with tracker.in_phase(phase, category):
         yield
     run.phases[phase] = tracker.phases[phase]
-    run.flops[phase] = int(counter.get_total_flops())
+    run.flops[phase] = tracker.flops - flops
 
 
 def _modes(fake: bool) -> tuple[FakeTensorMode | None, MemoryTracker]:

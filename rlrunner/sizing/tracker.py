@@ -9,7 +9,9 @@ one when it is allocated (``parameters`` while the model loads, ``optimizer stat
 
 An op on real host tensors only (the batch's indices, the device mesh's; not meta ones) runs for real, outside the fake mode, so
 bookkeeping keeps its values. Data-dependent reads (``.item()``, ``float(tensor)``, ``.tolist()`` of a fake tensor) read 0: the simulated step
-takes the path where every metric is 0 and the gradient norm is finite, so the optimizer steps.
+takes the path where every metric is 0 and the gradient norm is finite, so the optimizer steps; a mask of a fake
+tensor reads all true (``nonzero``, boolean indexing), so ragged text keeps its longest length and each expert of a
+two-expert denoiser runs every row (an upper bound: both experts' activations in one step).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, is_fake, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "communication")
 #: op namespaces whose outputs are communication buffers (collectives, FSDP2's all-gather copy-in and copy-out)
 COMMUNICATION_NAMESPACES = ("_c10d_functional", "c10d", "fsdp", "_dtensor")
 _SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+_NONZERO = torch.ops.aten.nonzero.default
 
 
 @dataclass
@@ -55,6 +59,7 @@ class MemoryTracker(TorchDispatchMode):
         self._tensors: set[int] = set()  # ids of the live tensors counted
         self.totals = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
+        self.flops = 0  # FLOPs of the ops run under it (torch.utils.flop_counter's formulas)
         self.category = "activations"
         self.phase = "load"
         self.phases: dict[str, PhasePeak] = {}
@@ -151,12 +156,21 @@ class MemoryTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is _SCALAR_READ and isinstance(args[0], FakeTensor):
             return _zero_of(args[0])  # the defined path of data-dependent code (module docstring)
+        if func is _NONZERO and isinstance(args[0], FakeTensor):
+            with unset_fake_temporarily():
+                every = torch.ones(args[0].shape, dtype=torch.bool).nonzero()
+            out = args[0].fake_mode.from_tensor(every)
+            self.track(out)
+            return out
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if not self.count_real and inputs and not any(is_fake(t) or t.is_meta for t in inputs):
             with unset_fake_temporarily():  # real in, real out: batch bookkeeping (indices) stays real
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
+            count = flop_registry.get(func._overloadpacket)
+            if count is not None:  # torch's flop counter's formulas, without its module hooks (they keep tensors)
+                self.flops += int(count(*args, **kwargs, out_val=out))
         communication = func.namespace in COMMUNICATION_NAMESPACES
         written = tree_flatten((out, kwargs.get("out")))[0]
         for tensor in written:
