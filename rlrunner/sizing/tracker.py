@@ -32,6 +32,18 @@ CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "comm
 COMMUNICATION_NAMESPACES = ("_c10d_functional", "c10d", "fsdp", "_dtensor")
 _SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 _NONZERO = torch.ops.aten.nonzero.default
+_INDEX = torch.ops.aten.index.Tensor
+
+
+def _is_fake_mask(index: torch.Tensor | None) -> bool:
+    return isinstance(index, FakeTensor) and index.dtype == torch.bool
+
+
+def _all_true_nonzero(mask: FakeTensor) -> torch.Tensor:
+    """``mask.nonzero()`` read as if every element were true (a fake ``[numel, ndim]`` int64 tensor)."""
+    with unset_fake_temporarily():
+        every = torch.ones(mask.shape, dtype=torch.bool).nonzero()
+    return mask.fake_mode.from_tensor(every)
 
 
 @dataclass
@@ -157,11 +169,12 @@ class MemoryTracker(TorchDispatchMode):
         if func is _SCALAR_READ and isinstance(args[0], FakeTensor):
             return _zero_of(args[0])  # the defined path of data-dependent code (module docstring)
         if func is _NONZERO and isinstance(args[0], FakeTensor):
-            with unset_fake_temporarily():
-                every = torch.ones(args[0].shape, dtype=torch.bool).nonzero()
-            out = args[0].fake_mode.from_tensor(every)
+            out = _all_true_nonzero(args[0])
             self.track(out)
             return out
+        if func is _INDEX and any(_is_fake_mask(i) for i in args[1]):
+            indices = [part for i in args[1] for part in (_all_true_nonzero(i).unbind(1) if _is_fake_mask(i) else [i])]
+            args = (args[0], indices)
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if not self.count_real and inputs and not any(is_fake(t) or t.is_meta for t in inputs):
             with unset_fake_temporarily():  # real in, real out: batch bookkeeping (indices) stays real
