@@ -55,7 +55,11 @@ def meta_pipeline(family: type, model_path: str, dtype: torch.dtype, denoiser_on
                 continue
             kwargs[name] = _cast(build_on_meta(components[name], dtype), torch.float32 if name == VAE else dtype)
         elif isinstance(entry, list) and entry[0] == "diffusers" and "Scheduler" in entry[1]:
-            kwargs[name] = getattr(diffusers, entry[1]).from_pretrained(model_path, subfolder=name)
+            scheduler_cls = getattr(diffusers, entry[1])
+            try:
+                kwargs[name] = scheduler_cls.from_pretrained(model_path, subfolder=name)
+            except OSError:  # a folder without the scheduler's config: its defaults (the grid holds no memory)
+                kwargs[name] = scheduler_cls()
         elif entry is not None and not isinstance(entry, list):
             kwargs[name] = entry  # the pipeline's own settings (Wan's expand_timesteps, boundary_ratio)
         else:
