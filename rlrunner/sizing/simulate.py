@@ -113,7 +113,7 @@ def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[Compon
     fake_mode, tracker = _modes(fake)
     objective = build_objective(cfg.algorithm, family_cfg)
     samples = geometry.samples_per_rollout_call
-    with fake_mode or contextlib.nullcontext(), tracker:
+    with _constant_digest(), fake_mode or contextlib.nullcontext(), tracker:
         with _measured(run, tracker, "rollout_load", "parameters"), unset_fake_temporarily():
             model = build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=False, dtype=dtype)
         run.swappable = _storage_bytes(model.transformer)
@@ -198,6 +198,7 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
     world = geometry.actor_ranks
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_process_group(world))
+        stack.enter_context(_constant_digest())
         stack.enter_context(mock.patch.object(actor_module, "build_model", build))
         stack.enter_context(mock.patch.object(parallelize_module, "parallel_mesh",
                                               outside_fake(parallelize_module.parallel_mesh)))
@@ -222,6 +223,18 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
     run.flops["update"] = run.flops["update"] * per_rank // simulated  # the step's micro-batches repeat the simulated
     run.seconds = time.perf_counter() - started
     return run
+
+
+def _constant_digest() -> Any:
+    """The objectives' adapter digests (a hash of the weights' bytes, which fake tensors lack) as one constant: the
+    kept v_old is then always exact, the path a real step takes when the actor's EMA matches the rollout's."""
+    from rlrunner.objectives import nft
+
+    def digest(state: dict[str, torch.Tensor]) -> torch.Tensor:
+        with unset_fake_temporarily():
+            return torch.zeros(2, dtype=torch.int64)
+
+    return mock.patch.object(nft, "lora_digest", digest)
 
 
 def _fsdp_storage_patches(tracker: MemoryTracker) -> list:
