@@ -12,6 +12,7 @@ exit 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 
 from rlrunner.cluster.placement import format_devices, parse_placement
 from rlrunner.cluster.resources import detect_devices_per_node
-from rlrunner.config.loader import RecipeError
+from rlrunner.config.loader import RecipeError, recipe_path
 from rlrunner.recipe import load_recipe
 from rlrunner.sizing.memory import (
     ComponentPlan,
@@ -36,6 +37,16 @@ from rlrunner.sizing.memory import (
     step_geometry,
 )
 from rlrunner.sizing.meta import ModelFolderError
+from rlrunner.sizing.sim_report import (
+    DEFAULT_MFU,
+    GPU_PEAK_TFLOPS,
+    device_results,
+    recipe_device_gib,
+    simulation_json,
+    simulation_lines,
+    step_prediction,
+)
+from rlrunner.sizing.simulate import simulate_recipe
 from rlrunner.sizing.threads import ocr_thread_lines
 from rlrunner.utils.device import npu_available
 
@@ -90,14 +101,31 @@ def device_peak(plans: dict[str, ComponentPlan], components: tuple[str, ...], *,
     return best
 
 
+def component_plans(cfg, sizes: ModelSizes, geometry: StepGeometry) -> dict[str, ComponentPlan]:
+    """The formula's plan of each component (:mod:`rlrunner.sizing.memory`)."""
+    family_cfg = cfg.actor.model[cfg.actor.model.model_type]
+    return {"actor": actor_plan(sizes, geometry, str(cfg.actor.strategy), bool(family_cfg.gradient_checkpointing)),
+            "rollout": rollout_plan(sizes, geometry, family_cfg), "env": env_plan(cfg.env)}
+
+
+def formula_device_peaks(cfg, sizes: ModelSizes, geometry: StepGeometry, placement) -> dict[str, int]:
+    """The formula's peak bytes per set of devices holding the same components, keyed like ``"0-7"``."""
+    plans = component_plans(cfg, sizes, geometry)
+    swap = bool(cfg.cluster.enable_offload) and placement.is_collocated("actor", "rollout")
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for device in placement.used_devices:
+        groups.setdefault(placement.components_on(device), []).append(device)
+    return {format_devices(devices): device_peak(plans, components, swap=swap,
+                                                 concurrent=bool(cfg.runner.rollout_ahead))[0]
+            for components, devices in groups.items()}
+
+
 def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_name: str,
            memory: DeviceMemory | None) -> list[str]:
     """The plan as printed lines (a warning line starts with ``WARNING:``)."""
     model = cfg.actor.model
-    family_cfg = model[model.model_type]
     strategy = str(cfg.actor.strategy)
-    plans = {"actor": actor_plan(sizes, geometry, strategy, bool(family_cfg.gradient_checkpointing)),
-             "rollout": rollout_plan(sizes, geometry, family_cfg), "env": env_plan(cfg.env)}
+    plans = component_plans(cfg, sizes, geometry)
     lines = [
         (f"rlrunner plan for {config_name!r}: {model.model_type} from {model.model_path} (config files only; no "
          f"weights read)"),
@@ -163,9 +191,54 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("config_name", nargs="?",
                         help="recipe file stem (examples/diffusion/config/) or path to a .yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.model.model_path=/models/sd35m")
-    parser.add_argument("--device-memory", type=float, default=None, metavar="GIB",
-                        help="memory per device in GiB to compare against (default: the accelerator visible here)")
+    parser.add_argument("--device-memory", type=str, default=None, metavar="GIB",
+                        help="memory per device to compare against, e.g. 80 or 80GiB (default: the accelerator "
+                             "visible here; with --simulate the recipe's comment, else 80 GiB)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="run the recipe's step at full size on fake tensors and print what it holds per phase")
+    parser.add_argument("--json", action="store_true", help="with --simulate: print one JSON object only")
+    parser.add_argument("--gpu", default="h100", help=f"with --simulate: the GPU of the predicted step time "
+                                                      f"({', '.join(GPU_PEAK_TFLOPS)})")
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                        help=f"with --simulate: model FLOPs utilisation of the prediction (default {DEFAULT_MFU})")
     return parser.parse_intermixed_args(argv)
+
+
+def parse_gib(text: str) -> float:
+    """``"80"``, ``"80GiB"``, ``"80 GB"`` -> 80.0 (GiB); ``ValueError`` naming the option otherwise."""
+    number = text.strip().removesuffix("GiB").removesuffix("GB").removesuffix("G").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ValueError(f"--device-memory {text!r} is not a memory size; give GiB such as 80 or 80GiB")
+    return value
+
+
+def run_simulation(args: argparse.Namespace, cfg, sizes: ModelSizes, geometry: StepGeometry, placement) -> int:
+    """``--simulate``: the simulation's lines (or its JSON object) after the formula's plan."""
+    if args.gpu not in GPU_PEAK_TFLOPS:
+        raise ValueError(f"--gpu {args.gpu!r} is not known; choose one of {', '.join(GPU_PEAK_TFLOPS)}")
+    gib = parse_gib(args.device_memory) if args.device_memory else recipe_device_gib(recipe_path(args.config_name))
+    memory = int(gib * 2**30)
+    try:
+        sim = simulate_recipe(cfg, geometry)
+    except (ModelFolderError, ValueError):
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's boundary: one line, never a traceback
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"--simulate cannot run this recipe's step on fake tensors ({type(err).__name__}: "
+                         f"{first[:300]})") from None
+    swap = bool(cfg.cluster.enable_offload) and placement.is_collocated("actor", "rollout")
+    results = device_results(sim, placement, swap=swap)
+    if args.json:
+        print(json.dumps(simulation_json(results, memory, sim.not_simulated)))
+        return 0
+    prediction = step_prediction(sim, geometry, args.gpu, args.mfu)
+    print("\n".join(["", *simulation_lines(results, formula_device_peaks(cfg, sizes, geometry, placement), memory,
+                                            sim.not_simulated, prediction, args.gpu, args.mfu)]))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,12 +253,16 @@ def main(argv: list[str] | None = None) -> int:
         sizes = model_sizes(cfg.actor.model, folder)
         placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
                                     detect_devices_per_node(cfg.cluster))
-    except (RecipeError, ModelFolderError, ValueError) as err:
-        print(f"rlrunner: error: {err}", file=sys.stderr)
+        geometry = step_geometry(cfg, placement, sizes.guidance)
+        memory = (DeviceMemory("--device-memory", int(parse_gib(args.device_memory) * 2**30))
+                  if args.device_memory else visible_device_memory())
+        if args.simulate:
+            if not args.json:
+                print("\n".join(render(cfg, sizes, geometry, placement, args.config_name, memory)))
+            return run_simulation(args, cfg, sizes, geometry, placement)
+    except (RecipeError, ModelFolderError, ValueError, NotImplementedError) as err:
+        print(f"rlrunner: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return EXIT_USER_ERROR
-    memory = (DeviceMemory("--device-memory", int(args.device_memory * 2**30)) if args.device_memory
-              else visible_device_memory())
-    geometry = step_geometry(cfg, placement, sizes.guidance)
     print("\n".join(render(cfg, sizes, geometry, placement, args.config_name, memory)))
     return 0
 

@@ -148,7 +148,11 @@ class LoraAdapters:
             if any(f".{a}." in pname for a in ADAPTERS):
                 param.data = param.data.float()
             param.requires_grad_(f".{TRAINED_ADAPTER}." in pname)
-        self.load_state_dict(EMA_ADAPTER, self.state_dict(TRAINED_ADAPTER))
+        # ema starts as a copy of default; copied in place (no host round trip), so that an adapter built on the
+        # meta device, as the simulator builds one (rlrunner/sizing/fake_build.py), needs no data
+        with torch.no_grad():
+            for ema, trained in zip(self.parameters(EMA_ADAPTER), self.parameters(TRAINED_ADAPTER), strict=True):
+                ema.copy_(trained)
         fast_switch(self.layers, TRAINED_ADAPTER)
 
     # ------------------------------------------------------------------ switching

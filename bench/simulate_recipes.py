@@ -1,0 +1,93 @@
+"""Every shipped GPU recipe simulated at full size on its config-only folder, beside the formula's plan.
+
+    python bench/simulate_recipes.py                      # all GPU recipes (minutes each, one at a time)
+    python bench/simulate_recipes.py flux1_dev_nft_ocr    # one
+
+Each recipe runs ``bin/rlrunner plan <recipe> actor.model.model_path=bench/model_configs/<folder> --simulate
+--json`` in its own process (one simulation at a time: memory and cores are shared), with the device count its
+comment names (``8 x 80 GB``), and the table prints, per recipe: the formula's largest per-device peak (GiB), the
+simulation's, their ratio (simulated / formula), whether the simulation fits, and the seconds it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlrunner.config.loader import recipe_path  # after the path set-up above
+
+#: GPU recipe -> its config-only folder under bench/model_configs/
+RECIPE_FOLDERS = {
+    "flux1_dev_nft_ocr": "flux.1-dev",
+    "flux2_klein_nft_ocr": "flux.2-klein-4b",
+    "qwen_image_nft_ocr": "qwen-image",
+    "sd35_large_nft_ocr": "stable-diffusion-3.5-large",
+    "sd3_nft_ocr": "stable-diffusion-3.5-medium",
+    "sd3_nft_geneval": "stable-diffusion-3.5-medium",
+    "sd3_nft_multi_reward": "stable-diffusion-3.5-medium",
+    "wan22_ti2v_5b_nft_ocr": "wan2.2-ti2v-5b",
+    "wan22_ti2v_5b_nft_video_ocr": "wan2.2-ti2v-5b",
+    "wan22_t2v_a14b_nft_video_ocr": "wan2.2-t2v-a14b",
+    "zimage_nft_ocr": "z-image",
+}
+_DEVICES = re.compile(r"(\d+)\s*x\s*\d+\s*GB", re.IGNORECASE)
+_FORMULA_PEAK = re.compile(r"peak \(estimate\)\s+([\d.]+) (GiB|MiB)")
+TIMEOUT_S = 900
+
+
+def recipe_devices(recipe: str) -> int:
+    """Devices per node the recipe's comment names (``8 x 80 GB``), else 8."""
+    found = _DEVICES.search(recipe_path(recipe).read_text())
+    return int(found.group(1)) if found else 8
+
+
+def _plan(recipe: str, *extra: str) -> subprocess.CompletedProcess:
+    overrides = [f"actor.model.model_path=bench/model_configs/{RECIPE_FOLDERS[recipe]}",
+                 f"cluster.num_devices_per_node={recipe_devices(recipe)}"]
+    return subprocess.run([sys.executable, "-m", "rlrunner.commands.plan", recipe, *overrides, *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def formula_peak_gib(recipe: str) -> float:
+    """The largest per-device peak of the formula's plan (``bin/rlrunner plan``), GiB."""
+    peaks = [float(v) / (1024 if unit == "MiB" else 1) for v, unit in _FORMULA_PEAK.findall(_plan(recipe).stdout)]
+    return max(peaks, default=0.0)
+
+
+def simulate(recipe: str) -> tuple[dict | str, float]:
+    """The ``--json`` object of the recipe's simulation (or its one-line error) and the seconds it took."""
+    started = time.perf_counter()
+    done = _plan(recipe, "--simulate", "--json")
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or ["(no message)"])[-1], seconds
+    return json.loads(done.stdout), seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipes", nargs="*", default=list(RECIPE_FOLDERS), help="recipes (default: every GPU one)")
+    args = parser.parse_args()
+    print(f"{'recipe':<32}{'formula GiB':>12}{'simulated GiB':>15}{'ratio':>7}{'fits':>6}{'seconds':>9}")
+    for recipe in args.recipes:
+        formula = formula_peak_gib(recipe)
+        result, seconds = simulate(recipe)
+        if isinstance(result, str):
+            print(f"{recipe:<32}{formula:>12.1f}{'-':>15}{'-':>7}{'-':>6}{seconds:>9.0f}  {result}")
+            continue
+        simulated = max(device["peak_gib"] for device in result["devices"])
+        ratio = simulated / formula if formula else float("nan")
+        print(f"{recipe:<32}{formula:>12.1f}{simulated:>15.1f}{ratio:>7.2f}{result['fits']!s:>6}{seconds:>9.0f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

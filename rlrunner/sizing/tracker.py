@@ -1,0 +1,192 @@
+"""Bytes a simulated step holds, by phase and category, counted on fake tensors.
+
+:class:`MemoryTracker` is a dispatch mode stacked above torch's ``FakeTensorMode``: every tensor an op returns is
+a storage the device would allocate, so the tracker keeps the live storages (freed when torch drops them) and the
+peak of their sum per phase, with the categories held at that peak. A storage's category is the tracker's current
+one when it is allocated (``parameters`` while the model loads, ``optimizer state`` inside the optimizer step,
+``activations`` otherwise), ``communication`` for what a collective or FSDP2's all-gather writes, and
+``gradients`` once the engine holds it as a parameter's ``.grad`` (:meth:`MemoryTracker.relabel`).
+
+An op on real host tensors only (the batch's indices, the device mesh's; not meta ones) runs for real, outside the fake mode, so
+bookkeeping keeps its values. Data-dependent reads (``.item()``, ``float(tensor)``, ``.tolist()`` of a fake tensor) read 0: the simulated step
+takes the path where every metric is 0 and the gradient norm is finite, so the optimizer steps; a mask of a fake
+tensor reads all true (``nonzero``, boolean indexing), so ragged text keeps its longest length and each expert of a
+two-expert denoiser runs every row (an upper bound: both experts' activations in one step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, is_fake, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "communication")
+#: op namespaces whose outputs are communication buffers (collectives, FSDP2's all-gather copy-in and copy-out)
+COMMUNICATION_NAMESPACES = ("_c10d_functional", "c10d", "fsdp", "_dtensor")
+_SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+_NONZERO = torch.ops.aten.nonzero.default
+_INDEX = torch.ops.aten.index.Tensor
+
+
+def _is_fake_mask(index: torch.Tensor | None) -> bool:
+    return isinstance(index, FakeTensor) and index.dtype == torch.bool
+
+
+def _all_true_nonzero(mask: FakeTensor) -> torch.Tensor:
+    """``mask.nonzero()`` read as if every element were true (a fake ``[numel, ndim]`` int64 tensor)."""
+    with unset_fake_temporarily():
+        every = torch.ones(mask.shape, dtype=torch.bool).nonzero()
+    return mask.fake_mode.from_tensor(every)
+
+
+@dataclass
+class PhasePeak:
+    """The peak bytes of one phase and what they were, by category."""
+
+    peak: int = 0
+    by_category: dict[str, int] = field(default_factory=dict)
+
+
+def _zero_of(tensor: torch.Tensor) -> bool | int | float:
+    if tensor.dtype == torch.bool:
+        return False
+    return 0.0 if tensor.is_floating_point() else 0
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Live storages and per-phase peaks of the fake tensors made under it (module docstring)."""
+
+    def __init__(self, count_real: bool = False) -> None:
+        super().__init__()
+        #: a run on real tensors (the tests' comparison with the fake one): ops run as they come, scalars read true
+        self.count_real = count_real
+        self._live: dict[int, list] = {}  # StorageImpl address -> [bytes, category, tracked tensors on it]
+        self._tensors: set[int] = set()  # ids of the live tensors counted
+        self.totals = dict.fromkeys(CATEGORIES, 0)
+        self.current = 0
+        self.flops = 0  # FLOPs of the ops run under it (torch.utils.flop_counter's formulas)
+        self.category = "activations"
+        self.phase = "load"
+        self.phases: dict[str, PhasePeak] = {}
+
+    # ------------------------------------------------------------------ counting
+    # A storage lives while a tensor on it does: fake tensors' storage objects are not kept alive with them, so
+    # each storage (keyed by its StorageImpl) counts the tracked tensors on it and is freed with the last one.
+    def _release(self, key: int, tensor_id: int) -> None:
+        self._tensors.discard(tensor_id)
+        entry = self._live[key]
+        entry[2] -= 1
+        if entry[2] == 0:
+            del self._live[key]
+            self.totals[entry[1]] -= entry[0]
+            self.current -= entry[0]
+
+    def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
+        """Count ``tensor``'s storage (once) in ``category`` (default: the current one); a DTensor: its shard."""
+        tensor = getattr(tensor, "_local_tensor", tensor)
+        if tensor.is_meta and not is_fake(tensor):
+            return  # the meta build's tensors hold nothing
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key not in self._live:
+            label = category or self.category
+            self._live[key] = [storage.nbytes(), label, 0]
+            self.totals[label] += storage.nbytes()
+            self.current += storage.nbytes()
+            self._note_peak()
+        elif category is not None:
+            self._relabel_key(key, category)
+        if id(tensor) not in self._tensors:
+            # torch keeps a tensor's Python object alive while C++ holds the tensor only if it has Python state
+            # (fake tensors are a subclass): without this a real tensor's finalizer would run too early
+            tensor._simulator_counted = True
+            self._tensors.add(id(tensor))
+            self._live[key][2] += 1
+            weakref.finalize(tensor, self._release, key, id(tensor))
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """Recount ``tensor``'s storage after an in-place resize (FSDP2 frees and re-allocates its gathered
+        weights' storages so, without a new tensor)."""
+        storage = tensor.untyped_storage()
+        entry = self._live.get(storage._cdata)
+        if entry is None:
+            self.track(tensor)
+            return
+        change, entry[0] = storage.nbytes() - entry[0], storage.nbytes()
+        self.totals[entry[1]] += change
+        self.current += change
+        self._note_peak()
+
+    def _relabel_key(self, key: int, category: str) -> None:
+        nbytes, old, _ = self._live[key]
+        if old != category:
+            self._live[key][1] = category
+            self.totals[old] -= nbytes
+            self.totals[category] += nbytes
+
+    def relabel(self, tensors: list[torch.Tensor], category: str) -> None:
+        """Count the storages of ``tensors`` (DTensors: their local shards) as ``category`` from now on."""
+        for tensor in tensors:
+            self.track(tensor, category)
+
+    def _note_peak(self) -> None:
+        record = self.phases.setdefault(self.phase, PhasePeak())
+        if self.current > record.peak:
+            record.peak = self.current
+            record.by_category = {k: v for k, v in self.totals.items() if v}
+
+    @contextlib.contextmanager
+    def in_phase(self, phase: str, category: str = "activations") -> Iterator[None]:
+        """Count the block's peak as ``phase`` (what is already live counts from the start)."""
+        outer = self.phase, self.category
+        self.phase, self.category = phase, category
+        self.phases.setdefault(phase, PhasePeak())
+        self._note_peak()
+        try:
+            yield
+        finally:
+            self.phase, self.category = outer
+
+    @contextlib.contextmanager
+    def labelled(self, category: str) -> Iterator[None]:
+        """Allocations of the block count as ``category`` (the optimizer's state and its temporaries)."""
+        outer, self.category = self.category, category
+        try:
+            yield
+        finally:
+            self.category = outer
+
+    # ------------------------------------------------------------------ the dispatch mode
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _SCALAR_READ and isinstance(args[0], FakeTensor):
+            return _zero_of(args[0])  # the defined path of data-dependent code (module docstring)
+        if func is _NONZERO and isinstance(args[0], FakeTensor):
+            out = _all_true_nonzero(args[0])
+            self.track(out)
+            return out
+        if func is _INDEX and any(_is_fake_mask(i) for i in args[1]):
+            indices = [part for i in args[1] for part in (_all_true_nonzero(i).unbind(1) if _is_fake_mask(i) else [i])]
+            args = (args[0], indices)
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if not self.count_real and inputs and not any(is_fake(t) or t.is_meta for t in inputs):
+            with unset_fake_temporarily():  # real in, real out: batch bookkeeping (indices) stays real
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+            count = flop_registry.get(func._overloadpacket)
+            if count is not None:  # torch's flop counter's formulas, without its module hooks (they keep tensors)
+                self.flops += int(count(*args, **kwargs, out_val=out))
+        communication = func.namespace in COMMUNICATION_NAMESPACES
+        written = tree_flatten((out, kwargs.get("out")))[0]
+        for tensor in written:
+            if isinstance(tensor, torch.Tensor):
+                self.track(tensor, "communication" if communication else None)
+        return out
