@@ -21,7 +21,7 @@ STARTS = ("bin/rlrunner", "bash examples/diffusion/run_diffusion.sh", "examples/
           "run_diffusion.sh")
 # How each command is proved, and why so:
 #   dry-run: the launcher with --dry-run validates the whole recipe with the line's overrides and starts nothing;
-#   run: cheap and without side effects (keys prints; plan reads config files only);
+#   run: cheap and without side effects (keys prints; plan reads config files only; not plan --simulate);
 #   help: it would need a finished run (export), or start a server or a cluster that runs until stopped
 #     (serve_reward, tensorboard, ray): its --help must exit 0 and list every --option the line uses;
 #   python: run as written when it asks for --help or --dry-run or is `-c` code, else its --help as above.
@@ -121,6 +121,8 @@ def test_documented_command_works(where, line, tmp_path):
     if rule == "python":
         # `python -c` runs the line's own code: it is as cheap as its --help would be
         rule = "run" if {"--help", "--dry-run", "-c"} & set(argv) else "help"
+    if command == "plan" and "--simulate" in argv:
+        rule = "help"  # a full-size simulation takes minutes: tests/models/test_simulate.py runs it on tiny folders
     if any(PLACEHOLDER.search(word) for word in argv[2:]):
         rule = "help"  # a synopsis (<config_name>, [key=value ...]): the command and its options must exist
     if rule == "help":
