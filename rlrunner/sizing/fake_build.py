@@ -101,7 +101,8 @@ def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryT
             with torch.device("meta"):  # LoRA on meta, where peft's .to() works; materialized with the rest
                 super().setup_denoiser()
 
-        def _place_components(self) -> None:
+        def _place_components(self, denoiser_on_host: bool = False) -> None:
+            # every part fake on the simulated device, denoiser_on_host too (simulate.py says so in not_simulated)
             for part in (self.transformer, self.vae, *self.text_encoders.values()):
                 if part is not None:
                     materialize(part, fake_mode, tracker)

@@ -104,7 +104,7 @@ def step_prediction(sim: Simulation, geometry: Any, gpu: str, mfu: float) -> dic
 
 
 def simulation_json(results: list[DeviceResult], memory_bytes: int, not_simulated: list[str]) -> dict[str, Any]:
-    """The ``--json`` object: ``{"fits", "devices": [...], "not_simulated"}`` (README "Will it fit?")."""
+    """The ``--json`` object: ``{"fits", "devices": [...], "not_simulated"}`` (docs/clusters.md "Will it fit?")."""
     return {
         "fits": all(r.peak <= memory_bytes for r in results),
         "devices": [{"device": r.devices, "components": list(r.components), "peak_gib": round(r.peak / GIB, 3),
