@@ -2,6 +2,7 @@
 
     python bench/simulate_recipes.py                      # all GPU recipes (minutes each, one at a time)
     python bench/simulate_recipes.py flux1_dev_nft_ocr    # one
+    python bench/simulate_recipes.py --out sims.json      # also every result (JSON objects, formula peaks, seconds)
 
 Each recipe runs ``bin/rlrunner plan <recipe> actor.model.model_path=bench/model_configs/<folder> --simulate
 --json`` in its own process (one simulation at a time: memory and cores are shared), with the device count its
@@ -31,6 +32,7 @@ RECIPE_FOLDERS = {
     "qwen_image_nft_ocr": "qwen-image",
     "sd35_large_nft_ocr": "stable-diffusion-3.5-large",
     "sd3_nft_ocr": "stable-diffusion-3.5-medium",
+    "sd3_nft_ocr_nvlabs": "stable-diffusion-3.5-medium",
     "sd3_nft_geneval": "stable-diffusion-3.5-medium",
     "sd3_nft_multi_reward": "stable-diffusion-3.5-medium",
     "wan22_ti2v_5b_nft_ocr": "wan2.2-ti2v-5b",
@@ -75,11 +77,18 @@ def simulate(recipe: str) -> tuple[dict | str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipes", nargs="*", default=list(RECIPE_FOLDERS), help="recipes (default: every GPU one)")
+    parser.add_argument("--out", type=Path, help="write every recipe's result here as JSON (rewritten after each)")
     args = parser.parse_args()
     print(f"{'recipe':<32}{'formula GiB':>12}{'simulated GiB':>15}{'ratio':>7}{'fits':>6}{'seconds':>9}")
+    recorded: dict[str, dict] = {}
     for recipe in args.recipes:
         formula = formula_peak_gib(recipe)
         result, seconds = simulate(recipe)
+        recorded[recipe] = {"formula_peak_gib": round(formula, 2), "seconds": round(seconds),
+                            "devices": recipe_devices(recipe), "folder": RECIPE_FOLDERS[recipe],
+                            **({"error": result} if isinstance(result, str) else {"simulation": result})}
+        if args.out:
+            args.out.write_text(json.dumps(recorded, indent=1) + "\n")
         if isinstance(result, str):
             print(f"{recipe:<32}{formula:>12.1f}{'-':>15}{'-':>7}{'-':>6}{seconds:>9.0f}  {result}")
             continue
