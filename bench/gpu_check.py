@@ -19,7 +19,8 @@ its own process, so that one failing part is recorded in the table and the other
   wan     Wan2.2 TI2V-5B rollouts + NFT steps as an image model (1 frame) and a video model (5 frames)
 
 Runs use small prompt counts (the script writes its own prompts) and score with rapidocr on the CPU. The table
-(markdown, verl-omni's columns: images/GPU/s, s/step, peak memory per part) is printed and written to
+(markdown, verl-omni's columns: images/GPU/s, s/step, peak memory per part; for the launched runs also the per-device
+peak ``bin/rlrunner plan --simulate`` predicts for the same settings, on the CPU) is printed and written to
 <out>/gpu_check.json with the versions and the GPU; the exit status is 1 when any part failed.
 """
 
@@ -51,7 +52,7 @@ PARTS: dict[str, tuple[str, str]] = {
     "wan": ("wan22_ti2v_5b", "Wan2.2 TI2V-5B image and video (5 frames) rollout + NFT training throughput"),
 }
 COLUMNS = ("Part", "# GPUs", "Images", "Throughput (images/GPU/s)", "Time per Step (s)", "Peak memory (GiB)",
-           "Status")
+           "Simulated peak (GiB)", "Status")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,7 +123,7 @@ def child_command(args: argparse.Namespace, part: str) -> list[str]:
 
 def failed_row(part: str, error: str) -> dict[str, Any]:
     return {"part": part, "gpus": None, "images": None, "images_per_gpu_s": None, "s_per_step": None,
-            "peak_gib": None, "status": f"FAILED: {error}"}
+            "peak_gib": None, "simulated_gib": None, "status": f"FAILED: {error}"}
 
 
 def table(rows: list[dict[str, Any]], memory: str) -> str:
@@ -134,7 +135,8 @@ def table(rows: list[dict[str, Any]], memory: str) -> str:
              "|" + "|".join("---" for _ in COLUMNS) + "|"]
     for r in rows:
         values = (r["part"], cell(r["gpus"], "d"), cell(r["images"], "d"), cell(r["images_per_gpu_s"], ".3f"),
-                  cell(r["s_per_step"], ".2f"), cell(r["peak_gib"], ".1f"), r["status"])
+                  cell(r["s_per_step"], ".2f"), cell(r["peak_gib"], ".1f"), cell(r.get("simulated_gib"), ".1f"),
+                  r["status"])
         lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines)
 

@@ -12,7 +12,8 @@
 #   qwen    qwen_image_nft_ocr (fsdp2, enable_offload, --qwen-layers of its 60 blocks), the same way
 #   wan     Wan2.2 TI2V-5B as an image (1 frame) and a video (5 frames) model: rollouts + NFT steps
 # Model folders come from bench/gpu_folders.py (bench/model_configs/ at real size; text encoders one layer deep).
-# Prints one table (images/GPU/s, s/step, peak GiB per part) and writes logs/gpu_check-<time>/gpu_check.json;
+# Prints one table (images/GPU/s, s/step, peak GiB per part; for the launched runs the peak plan --simulate
+# predicts beside it) and writes logs/gpu_check-<time>/gpu_check.json;
 # exits 1 if any part failed. Run it with a CUDA build of torch active, or PYTHON=/path/to/python.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

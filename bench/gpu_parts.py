@@ -9,7 +9,8 @@ VAE decode) and NFT optimizer steps (the recipe's objective, micro-batches with 
 ``runner`` and ``qwen`` launch sd3_nft_ocr / qwen_image_nft_ocr with examples/diffusion/run_diffusion.sh for two
 steps (eval and checkpoint at step 2), then launch again resuming from that checkpoint to step 3, and check the
 checkpoint, the eval and the resume. A part writes <out>/<part>.json: rows of images, images/GPU/s, s/step,
-peak memory (device on a GPU, host RSS on CPU) and a status.
+peak memory (device on a GPU, host RSS on CPU), a status, and for the launched runs the per-device peak that
+``bin/rlrunner plan --simulate`` predicts for the same recipe and overrides (the first GPU run tests the simulator).
 """
 
 from __future__ import annotations
@@ -265,6 +266,18 @@ def launch(recipe: str, overrides: list[str], log_root: Path, timeout: float) ->
     return runs[-1]
 
 
+def simulated_peak(recipe: str, overrides: list[str], log: Path, timeout: float) -> float | None:
+    """The largest per-device peak (GiB) that ``bin/rlrunner plan --simulate`` predicts for the launch of ``recipe``
+    with ``overrides`` (fake tensors on the CPU: the simulator's own check on a GPU); None if it could not run."""
+    command = [sys.executable, "-m", "rlrunner.commands.plan", recipe, *overrides, "--simulate", "--json"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    log.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        print(f"gpu_parts: {recipe}: no simulation ({done.stderr.strip().splitlines()[-1:]}; see {log})", flush=True)
+        return None
+    return max(device["peak_gib"] for device in json.loads(done.stdout)["devices"])
+
+
 def metrics(log_dir: Path) -> dict[int, dict[str, float]]:
     """step -> that step's metrics (train and eval lines merged)."""
     by_step: dict[int, dict[str, float]] = {}
@@ -301,6 +314,8 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
         overrides.append("actor.one_rank_group=true")
         ranks = "fsdp2 over a one-rank mesh"
     label = f"{recipe} ({ranks}{', offload' if cfg.cluster.enable_offload else ''})"
+    predicted = simulated_peak(recipe, [*overrides, f"cluster.num_devices_per_node={gpus}"],
+                               workdir / "simulate.log", timeout)
     with PeakMemory(gpu) as memory:
         first = launch(recipe, [*overrides, "runner.max_steps=2"], workdir / "first", timeout)
     done = metrics(first)
@@ -311,7 +326,8 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
     if "global_step_2" not in saved:
         problems.append(f"no complete checkpoint global_step_2 (found {saved})")
     rows = [row(f"{label}: 2 steps, eval + save at 2", gpus, run["envs"], done.get(2, {}).get("time/step"),
-                memory.peak, "; ".join(problems) or "ok", eval_s=done.get(2, {}).get("time/eval"))]
+                memory.peak, "; ".join(problems) or "ok", eval_s=done.get(2, {}).get("time/eval"),
+                simulated_gib=predicted)]
     with PeakMemory(gpu) as memory:
         resumed = launch(recipe, [*overrides, "runner.max_steps=3", f"runner.resume_dir={first}"],
                          workdir / "resume", timeout)
@@ -323,7 +339,7 @@ def run_recipe(recipe: str, folder: Path, profile: Profile, workdir: Path, gpus:
     if sorted(k for k in after if k > 0) != [3]:
         problems.append(f"steps logged after the resume: {sorted(after)} (expected step 3 only)")
     rows.append(row(f"{label}: resume from step 2 to 3", gpus, run["envs"], after.get(3, {}).get("time/step"),
-                    memory.peak, "; ".join(problems) or "ok"))
+                    memory.peak, "; ".join(problems) or "ok", simulated_gib=predicted))
     return rows
 
 
