@@ -295,12 +295,16 @@ def _label_gradients(worker: Any, tracker: MemoryTracker) -> None:
 def simulate_recipe(cfg: Any, geometry: Any, components: tuple[str, ...] = ("rollout", "actor")) -> Simulation:
     """Simulate ``components`` of the recipe ``cfg`` (the launcher's merged config) on ``geometry``
     (:func:`rlrunner.sizing.memory.step_geometry`); the rollout runs first (the actor trains on what it returns)."""
+    from rlrunner.models import schedules
+
     runs: dict[str, ComponentRun] = {}
-    rollout, train = simulate_rollout(cfg, geometry)
-    if "rollout" in components:
-        runs["rollout"] = rollout
-    if "actor" in components:
-        runs["actor"] = simulate_actor(cfg, geometry, train)
+    # the sampler's grid from the scheduler's real buffers (UniPC reads them through numpy): bookkeeping, no memory
+    with mock.patch.object(schedules, "_fresh_schedule", outside_fake(schedules._fresh_schedule)):
+        rollout, train = simulate_rollout(cfg, geometry)
+        if "rollout" in components:
+            runs["rollout"] = rollout
+        if "actor" in components:
+            runs["actor"] = simulate_actor(cfg, geometry, train)
     not_simulated = [line for run in runs.values() for line in run.not_simulated]
     not_simulated += list(NOT_SIMULATED)
     return Simulation(runs, not_simulated)
