@@ -40,7 +40,8 @@ def test_tiny_check_runs_every_part_and_writes_the_table(tmp_path):
         launched = r["part"].startswith(("sd3_nft_ocr", "qwen_image_nft_ocr"))
         assert (r.get("simulated_gib") or 0) > 0 if launched else r.get("simulated_gib") is None, r
     assert report["memory"] == "host" and report["environment"]["torch"] and report["skipped"] == []
-    header = "| Part | # GPUs | Images | Throughput (images/GPU/s) | Time per Step (s) | Peak host memory (GiB) | Simulated peak (GiB) |"
+    header = ("| Part | # GPUs | Images | Throughput (images/GPU/s) | Time per Step (s) | Peak host memory (GiB) "
+              "| Simulated peak (GiB) |")
     assert header in result.stdout and "10 of 10 rows ok" in result.stdout
     assert not (tmp_path / "out" / "models").exists()  # built for the run, removed after it
 

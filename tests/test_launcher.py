@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from shell_helpers import ROOT, clean_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rlrunner.recipe import load_recipe
 
 LAUNCHER = ROOT / "examples/diffusion/run_diffusion.sh"
 
@@ -93,10 +96,6 @@ def test_dry_run_before_the_recipe_name_prints_only_the_blocks_it_uses(tmp_path)
     assert [k for k in resolved["actor"]["model"] if isinstance(resolved["actor"]["model"][k], dict)] == ["tiny"]
     assert not [k for k in resolved["algorithm"] if k.startswith(("awm_", "flow_grpo_"))]
     assert {"nft_beta", "nft_tau"} <= set(resolved["algorithm"])
-    from omegaconf import OmegaConf
-
-    from rlrunner.recipe import load_recipe
-
     whole = OmegaConf.to_yaml(load_recipe("tiny_nft_ocr", ["actor.optim.lr=1e-4"]), resolve=True)
     assert len(result.stdout.splitlines()) < len(whole.splitlines()) / 2  # 186 of 455 lines (every family, algorithm)
     assert not any(tmp_path.iterdir())
