@@ -88,8 +88,7 @@ class SigmaExperts(nn.Module):
                 return_dict: bool = False) -> tuple[torch.Tensor]:
         """hidden_states ``[B, C, F', h, w]``, timestep ``[B]`` (``1000 * sigma``), encoder_hidden_states
         ``[B, L, D]`` -> ``([B, C, F', h, w],)``: each row from its expert, in the input's row order."""
-        high = timestep >= self.boundary_timestep
-        masks = (high, ~high)
+        masks = self.expert_rows(timestep)
         anywhere = self._rows_on_any_rank(masks)
         outputs, rows = [], []
         idle = None  # weight-0 outputs of experts without rows that must run anyway (module docstring)
@@ -108,6 +107,11 @@ class SigmaExperts(nn.Module):
                 idle = touch if idle is None else idle + touch
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)[torch.cat(rows).argsort()]
         return (out if idle is None else out + idle,)
+
+    def expert_rows(self, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B]`` bool masks of the rows each expert computes, in :attr:`experts`' order (the pipeline's rule)."""
+        high = timestep >= self.boundary_timestep
+        return high, ~high
 
     def _rows_on_any_rank(self, masks: tuple[torch.Tensor, ...]) -> list[bool]:
         """Per expert, whether some rank has rows for it: under FSDP2 every rank joins one all-reduce of the flags

@@ -102,28 +102,46 @@ def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryT
                 super().setup_denoiser()
 
         def _place_components(self, denoiser_on_host: bool = False) -> None:
-            # every part fake on the simulated device, denoiser_on_host too (simulate.py says so in not_simulated)
-            for part in (self.transformer, self.vae, *self.text_encoders.values()):
+            # every part fake, on the simulated device but the offloaded text encoders and VAE (host memory; first,
+            # so that they never count beside the denoiser), denoiser_on_host too (simulate.py names it)
+            parts = [(m, "offload_text_encoder") for m in self.text_encoders.values()] + [(self.vae, "offload_vae")]
+            for part, offload in parts:
                 if part is not None:
                     materialize(part, fake_mode, tracker)
-            for module in self.text_encoders.values():
-                module.requires_grad_(False).eval()
-            if self.vae is not None:
-                self.vae.requires_grad_(False).eval()
+                    part.requires_grad_(False).eval()
+                    if self._option(offload):
+                        tracker.move(part, to_host=True)
+            materialize(self.transformer, fake_mode, tracker)
 
         @contextlib.contextmanager
         def vae_on_device(self) -> Iterator[nn.Module]:
-            yield self.vae  # fake tensors cannot move; they are on the simulated device already
+            with _on_device_for_the_block(tracker, [self.vae], self._option("offload_vae")):
+                yield self.vae  # fake tensors do not move: the tracker counts where they are
 
         @contextlib.contextmanager
         def text_encoders_on_device(self) -> Iterator[None]:
-            yield
+            with _on_device_for_the_block(tracker, list(self.text_encoders.values()),
+                                          self._option("offload_text_encoder")):
+                yield
 
         def offload_transformer(self, offload: bool) -> None:
             """Host memory is not the device's: the simulator counts an offload as the device freed."""
 
     Fake.__name__ = Fake.__qualname__ = family.__name__
     return Fake
+
+
+@contextlib.contextmanager
+def _on_device_for_the_block(tracker: MemoryTracker, modules: list[nn.Module], offloaded: bool) -> Iterator[None]:
+    """``modules`` counted on the device for the block; back in host memory after it when ``offloaded``."""
+    for module in modules:
+        tracker.move(module, to_host=False)
+    try:
+        yield
+    finally:
+        if offloaded:
+            for module in modules:
+                tracker.move(module, to_host=True)
 
 
 def build_fake_model(model_cfg: Any, fake_mode: FakeTensorMode | None, tracker: MemoryTracker, *, denoiser_only: bool,

@@ -104,11 +104,13 @@ def step_prediction(sim: Simulation, geometry: Any, gpu: str, mfu: float) -> dic
 
 
 def simulation_json(results: list[DeviceResult], memory_bytes: int, not_simulated: list[str]) -> dict[str, Any]:
-    """The ``--json`` object: ``{"fits", "devices": [...], "not_simulated"}`` (docs/clusters.md "Will it fit?")."""
+    """The ``--json`` object: ``{"fits", "devices": [...], "not_simulated"}`` (docs/clusters.md "Will it fit?");
+    each device's ``peak_by_category`` is what its peak phase held, by category."""
     return {
         "fits": all(r.peak <= memory_bytes for r in results),
         "devices": [{"device": r.devices, "components": list(r.components), "peak_gib": round(r.peak / GIB, 3),
-                     "peak_phase": r.peak_phase, "phases": {p: round(b / GIB, 3) for p, b in r.phases.items()}}
+                     "peak_phase": r.peak_phase, "phases": {p: round(b / GIB, 3) for p, b in r.phases.items()},
+                     "peak_by_category": {c: round(b / GIB, 3) for c, b in r.by_category.items()}}
                     for r in results],
         "not_simulated": list(not_simulated),
     }

@@ -134,10 +134,7 @@ def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[Compon
                 if "numpy" not in str(err).lower() and "fake" not in str(err).lower():
                     raise
         del x0, kept
-        # parts the family keeps in host memory between their uses (offload_vae, offload_text_encoder)
-        parked = [model.vae] * model._option("offload_vae") + (
-            list(model.text_encoders.values()) * model._option("offload_text_encoder"))
-        run.resident = tracker.current - sum(_storage_bytes(part) for part in parked if part is not None)
+        run.resident = tracker.current  # parts kept in host memory between uses (offload_vae, ...) not counted
     train = {"x0": (tuple(model.latent_shape), torch.float32)}
     train.update({name: (tuple(t.shape[1:]), t.dtype) for name, t in _kept_shapes(objective, model, cond, noise, fake)})
     run.seconds = time.perf_counter() - started
@@ -245,6 +242,27 @@ def _ddp_start_patches() -> list:
             mock.patch.object(ddp_module, "_sync_module_states", skip)]
 
 
+@contextlib.contextmanager
+def _expert_routing() -> Iterator[None]:
+    """Two-expert denoisers (Wan2.2-A14B's :class:`~rlrunner.models.wan_a14b.SigmaExperts`): every row of a call
+    goes to the high-noise expert, and the low-noise one runs its dummy wherever the real code runs it when another
+    rank has rows for it (fake timesteps have no values to route by). Rows split between the experts hold the same
+    activations in sum, and FSDP2 gathers both experts' blocks, as in a real micro-batch."""
+    from rlrunner.models import wan_a14b
+
+    def rows(self: Any, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with unset_fake_temporarily():
+            high = torch.ones(timestep.shape[0], dtype=torch.bool)
+        return high, ~high
+
+    def anywhere(self: Any, masks: tuple[torch.Tensor, ...]) -> list[bool]:
+        return [True] * len(masks)
+
+    with mock.patch.object(wan_a14b.SigmaExperts, "expert_rows", rows), \
+            mock.patch.object(wan_a14b.SigmaExperts, "_rows_on_any_rank", anywhere):
+        yield
+
+
 def _constant_digest() -> Any:
     """The objectives' adapter digests (a hash of the weights' bytes, which fake tensors lack) as one constant: the
     kept v_old is then always exact, the path a real step takes when the actor's EMA matches the rollout's."""
@@ -299,7 +317,7 @@ def simulate_recipe(cfg: Any, geometry: Any, components: tuple[str, ...] = ("rol
 
     runs: dict[str, ComponentRun] = {}
     # the sampler's grid from the scheduler's real buffers (UniPC reads them through numpy): bookkeeping, no memory
-    with mock.patch.object(schedules, "_fresh_schedule", outside_fake(schedules._fresh_schedule)):
+    with mock.patch.object(schedules, "_fresh_schedule", outside_fake(schedules._fresh_schedule)), _expert_routing():
         rollout, train = simulate_rollout(cfg, geometry)
         if "rollout" in components:
             runs["rollout"] = rollout

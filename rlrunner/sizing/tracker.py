@@ -10,8 +10,8 @@ one when it is allocated (``parameters`` while the model loads, ``optimizer stat
 An op on real host tensors only (the batch's indices, the device mesh's; not meta ones) runs for real, outside the fake mode, so
 bookkeeping keeps its values. Data-dependent reads (``.item()``, ``float(tensor)``, ``.tolist()`` of a fake tensor) read 0: the simulated step
 takes the path where every metric is 0 and the gradient norm is finite, so the optimizer steps; a mask of a fake
-tensor reads all true (``nonzero``, boolean indexing), so ragged text keeps its longest length and each expert of a
-two-expert denoiser runs every row (an upper bound: both experts' activations in one step).
+tensor reads all true (``nonzero``, boolean indexing), so ragged text keeps its longest length (a two-expert
+denoiser's routing gets its own defined path, :mod:`rlrunner.sizing.simulate`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "communication")
+HOST = "host"  # a storage in host memory (MemoryTracker.move): kept while its tensors live, not counted
 #: op namespaces whose outputs are communication buffers (collectives, FSDP2's all-gather copy-in and copy-out)
 COMMUNICATION_NAMESPACES = ("_c10d_functional", "c10d", "fsdp", "_dtensor")
 _SCALAR_READ = torch.ops.aten._local_scalar_dense.default
@@ -69,6 +70,7 @@ class MemoryTracker(TorchDispatchMode):
         self.count_real = count_real
         self._live: dict[int, list] = {}  # StorageImpl address -> [bytes, category, tracked tensors on it]
         self._tensors: set[int] = set()  # ids of the live tensors counted
+        self._device_category: dict[int, str] = {}  # a storage in host memory -> its category on the device
         self.totals = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
         self.flops = 0  # FLOPs of the ops run under it (torch.utils.flop_counter's formulas)
@@ -85,8 +87,10 @@ class MemoryTracker(TorchDispatchMode):
         entry[2] -= 1
         if entry[2] == 0:
             del self._live[key]
-            self.totals[entry[1]] -= entry[0]
-            self.current -= entry[0]
+            self._device_category.pop(key, None)
+            if entry[1] != HOST:
+                self.totals[entry[1]] -= entry[0]
+                self.current -= entry[0]
 
     def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
         """Count ``tensor``'s storage (once) in ``category`` (default: the current one); a DTensor: its shard."""
@@ -126,7 +130,7 @@ class MemoryTracker(TorchDispatchMode):
 
     def _relabel_key(self, key: int, category: str) -> None:
         nbytes, old, _ = self._live[key]
-        if old != category:
+        if HOST not in (old, category) and old != category:
             self._live[key][1] = category
             self.totals[old] -= nbytes
             self.totals[category] += nbytes
@@ -135,6 +139,23 @@ class MemoryTracker(TorchDispatchMode):
         """Count the storages of ``tensors`` (DTensors: their local shards) as ``category`` from now on."""
         for tensor in tensors:
             self.track(tensor, category)
+
+    def move(self, module: torch.nn.Module, *, to_host: bool) -> None:
+        """Count ``module``'s parameters and buffers as in host memory (kept, not on the device) or back on the
+        device in their former categories: a part the family keeps on the CPU between its uses."""
+        for tensor in (*module.parameters(), *module.buffers()):
+            key = getattr(tensor, "_local_tensor", tensor).untyped_storage()._cdata
+            entry = self._live.get(key)
+            if entry is None or (entry[1] == HOST) == to_host:
+                continue
+            sign = -1 if to_host else 1
+            if to_host:
+                self._device_category[key], entry[1] = entry[1], HOST
+            else:
+                entry[1] = self._device_category.pop(key)
+            self.totals[entry[1]] += sign * entry[0]
+            self.current += sign * entry[0]
+        self._note_peak()
 
     def _note_peak(self) -> None:
         record = self.phases.setdefault(self.phase, PhasePeak())
