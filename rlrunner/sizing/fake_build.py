@@ -102,8 +102,9 @@ def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryT
                 super().setup_denoiser()
 
         def _place_components(self, denoiser_on_host: bool = False) -> None:
-            # every part fake, on the simulated device but the offloaded text encoders and VAE (host memory; first,
-            # so that they never count beside the denoiser), denoiser_on_host too (simulate.py names it)
+            # every part fake, on the simulated device but what waits in host memory: the offloaded text encoders
+            # and VAE (first, so that they never count beside the denoiser), and the denoiser with denoiser_on_host
+            # (FSDP2 brings it to the device module by module: simulate.py's _sharded_from_host)
             parts = [(m, "offload_text_encoder") for m in self.text_encoders.values()] + [(self.vae, "offload_vae")]
             for part, offload in parts:
                 if part is not None:
@@ -112,6 +113,8 @@ def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryT
                     if self._option(offload):
                         tracker.move(part, to_host=True)
             materialize(self.transformer, fake_mode, tracker)
+            if denoiser_on_host:
+                tracker.move(self.transformer, to_host=True)
 
         @contextlib.contextmanager
         def vae_on_device(self) -> Iterator[nn.Module]:
@@ -145,15 +148,16 @@ def _on_device_for_the_block(tracker: MemoryTracker, modules: list[nn.Module], o
 
 
 def build_fake_model(model_cfg: Any, fake_mode: FakeTensorMode | None, tracker: MemoryTracker, *, denoiser_only: bool,
-                     dtype: torch.dtype) -> Any:
+                     dtype: torch.dtype, denoiser_on_host: bool = False) -> Any:
     """``model_cfg``'s family at its settings (LoRA, gradient checkpointing) on fake CPU tensors in ``dtype``,
-    counted by ``tracker`` (``fake_mode`` None: real tensors of zeros). Call it outside the fake mode (the meta
-    build runs there)."""
+    counted by ``tracker`` (``fake_mode`` None: real tensors of zeros; ``denoiser_on_host``: the denoiser counted as
+    host memory, as the FSDP2 actor loads it). Call it outside the fake mode (the meta build runs there)."""
     from rlrunner.models import model_class
 
     family_cfg = model_cfg[model_cfg.model_type]
     return fake_family(model_class(model_cfg.model_type), fake_mode, tracker).load(
-        str(model_cfg.model_path), family_cfg, device=torch.device("cpu"), dtype=dtype, denoiser_only=denoiser_only)
+        str(model_cfg.model_path), family_cfg, device=torch.device("cpu"), dtype=dtype, denoiser_only=denoiser_only,
+        denoiser_on_host=denoiser_on_host)
 
 
 @contextlib.contextmanager

@@ -189,11 +189,9 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
     fake_mode, tracker = _modes(fake)
 
     def build(model_cfg: Any, denoiser_only: bool = False, denoiser_on_host: bool = False) -> Any:
-        if denoiser_on_host:  # a view of an uncounted storage would count it whole, so it is counted from the start
-            run.not_simulated.append("actor_load under FSDP2: the denoiser counted whole on the device before it is "
-                                     "sharded (the actor keeps it in host memory): an upper bound of that phase")
         with unset_fake_temporarily():
-            return build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=denoiser_only, dtype=dtype)
+            return build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=denoiser_only, dtype=dtype,
+                                    denoiser_on_host=denoiser_on_host)
 
     world = geometry.actor_ranks
     if str(actor_cfg.strategy) == "ddp" and world > 1 and geometry.actor_cp == 1:
@@ -207,7 +205,7 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
         stack.enter_context(mock.patch.object(actor_module, "build_model", build))
         stack.enter_context(mock.patch.object(parallelize_module, "parallel_mesh",
                                               outside_fake(parallelize_module.parallel_mesh)))
-        for patch in (*_fsdp_storage_patches(tracker), *_ddp_start_patches()):
+        for patch in (*_fsdp_storage_patches(tracker), _sharded_from_host(tracker), *_ddp_start_patches()):
             stack.enter_context(patch)
         stack.enter_context(fake_mode or contextlib.nullcontext())
         stack.enter_context(tracker)
@@ -273,6 +271,21 @@ def _constant_digest() -> Any:
             return torch.zeros(2, dtype=torch.int64)
 
     return mock.patch.object(nft, "lora_digest", digest)
+
+
+def _sharded_from_host(tracker: MemoryTracker) -> Any:
+    """FSDP2's ``fully_shard`` of a module whose parameters wait in host memory (``denoiser_on_host``): they count on
+    the device while the call moves and shards them, as the real call does; the shards it leaves count from then on,
+    the full tensors until they are freed."""
+    import torch.distributed.fsdp as fsdp
+
+    real = fsdp.fully_shard
+
+    def shard(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        tracker.move(module, to_host=False)
+        return real(module, *args, **kwargs)
+
+    return mock.patch.object(fsdp, "fully_shard", shard)
 
 
 def _fsdp_storage_patches(tracker: MemoryTracker) -> list:

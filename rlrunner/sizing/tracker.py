@@ -148,12 +148,13 @@ class MemoryTracker(TorchDispatchMode):
             entry = self._live.get(key)
             if entry is None or (entry[1] == HOST) == to_host:
                 continue
-            sign = -1 if to_host else 1
             if to_host:
-                self._device_category[key], entry[1] = entry[1], HOST
+                category, sign = entry[1], -1
+                self._device_category[key], entry[1] = category, HOST
             else:
-                entry[1] = self._device_category.pop(key)
-            self.totals[entry[1]] += sign * entry[0]
+                category, sign = self._device_category.pop(key), 1
+                entry[1] = category
+            self.totals[category] += sign * entry[0]
             self.current += sign * entry[0]
         self._note_peak()
 
