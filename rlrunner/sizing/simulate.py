@@ -30,6 +30,7 @@ import torch
 from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
+from rlrunner.cluster.context_parallel import parallel_mesh
 from rlrunner.sizing.fake_build import build_fake_model, fake_process_group, outside_fake
 from rlrunner.sizing.tracker import MemoryTracker, PhasePeak
 from rlrunner.utils.device import PRECISIONS
@@ -113,14 +114,15 @@ def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[Compon
     fake_mode, tracker = _modes(fake)
     objective = build_objective(cfg.algorithm, family_cfg)
     samples = geometry.samples_per_rollout_call
-    with _constant_digest(), fake_mode or contextlib.nullcontext(), tracker:
+    cp = geometry.rollout_cp
+    # a context-parallel group: rank 0 of ``cp`` fake ranks, its sequence split by the model's own CP hooks
+    with fake_process_group(cp), _constant_digest(), fake_mode or contextlib.nullcontext(), tracker:
         with _measured(run, tracker, "rollout_load", "parameters"), unset_fake_temporarily():
             model = build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=False, dtype=dtype)
+        if cp > 1:
+            model.enable_context_parallel(outside_fake(parallel_mesh)("cpu", cp, cp, "ulysses"))
         run.swappable = _storage_bytes(model.transformer)
         run.not_simulated.append("rollout: text encoders' forward (no prompts are tokenized; their weights count)")
-        if geometry.rollout_cp > 1:
-            run.not_simulated.append(f"rollout.context_parallel_size={geometry.rollout_cp}: the rollout runs "
-                                     f"on one device with the whole sequence (an upper bound)")
         cond = model.repeat_cond(_cond(model.shapes, samples // geometry.group_size or 1, dtype), geometry.group_size)
         if model.guidance == "cfg" and model.resolved_guidance.scale > 1:
             model._negative_cond = _cond(model.shapes, 1, dtype)  # the negative prompt's conditioning, encoded

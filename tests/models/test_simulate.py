@@ -109,3 +109,19 @@ def test_fsdp2_load_holds_this_ranks_shard_not_the_whole_denoiser(family_recipe)
         assert not any("actor_load" in line for line in actor.not_simulated)
     assert loads[1] / 4 <= loads[4] < loads[1], loads
     assert kept[1] / 4 <= kept[4] < kept[1] / 2, kept  # FSDP2 pads each shard: a little over a quarter
+
+
+def test_rollout_context_parallel_splits_the_sequence(family_recipe):
+    """``rollout.context_parallel_size`` 2 runs the model's own CP hooks on rank 0 of 2 fake ranks: the sampler's
+    activations shrink, where a whole sequence on one device (the former upper bound) would keep them."""
+    # 5 frames of 64 x 64: 512 tokens, enough for the blocks' activations to outweigh the latents at tiny width
+    cfg = family_recipe("wan22_ti2v_5b", "actor.model.precision=bf16", "actor.model.wan22_ti2v_5b.resolution=64",
+                        "actor.model.wan22_ti2v_5b.num_frames=5", "algorithm.adv_type=grpo_video",
+                        "algorithm.advantage_mode=video")
+    activations = {}
+    for cp in (1, 2):
+        geometry = dataclasses.replace(GEOMETRY, rollout_workers=cp, rollout_cp=cp)
+        rollout, _ = simulate_rollout(cfg, geometry)
+        activations[cp] = rollout.phases["rollout"].by_category["activations"]
+        assert not any("context_parallel" in line for line in rollout.not_simulated)
+    assert activations[2] < activations[1], activations
