@@ -73,20 +73,22 @@ def meta_pipeline(family: type, model_path: str, dtype: torch.dtype, denoiser_on
     return pipe
 
 
-def materialize(module: nn.Module, fake_mode: FakeTensorMode | None, tracker: MemoryTracker) -> None:
+def materialize(module: nn.Module, fake_mode: FakeTensorMode | None, tracker: MemoryTracker, *,
+                on_host: bool = False) -> None:
     """Replace every meta parameter and buffer of ``module`` by a fake CPU tensor of its shape and dtype (a real
-    one of zeros without ``fake_mode``), counted by ``tracker`` as parameters."""
+    one of zeros without ``fake_mode``), counted by ``tracker`` as parameters (``on_host``: kept in host memory,
+    counted once moved to the device)."""
     with fake_mode or contextlib.nullcontext():
         for sub in module.modules():
             for name, param in list(sub._parameters.items()):
                 if param is not None and param.is_meta:
                     sub._parameters[name] = nn.Parameter(torch.zeros_like(param, device="cpu"),
                                                          requires_grad=param.requires_grad)
-                    tracker.track(sub._parameters[name], "parameters")
+                    tracker.track(sub._parameters[name], "parameters", on_host=on_host)
             for name, buffer in list(sub._buffers.items()):
                 if buffer is not None and buffer.is_meta:
                     sub._buffers[name] = torch.zeros_like(buffer, device="cpu")
-                    tracker.track(sub._buffers[name], "parameters")
+                    tracker.track(sub._buffers[name], "parameters", on_host=on_host)
 
 
 def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryTracker) -> type:
@@ -103,18 +105,14 @@ def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryT
 
         def _place_components(self, denoiser_on_host: bool = False) -> None:
             # every part fake, on the simulated device but what waits in host memory: the offloaded text encoders
-            # and VAE (first, so that they never count beside the denoiser), and the denoiser with denoiser_on_host
+            # and VAE, and the denoiser with denoiser_on_host
             # (FSDP2 brings it to the device module by module: simulate.py's _sharded_from_host)
             parts = [(m, "offload_text_encoder") for m in self.text_encoders.values()] + [(self.vae, "offload_vae")]
             for part, offload in parts:
                 if part is not None:
-                    materialize(part, fake_mode, tracker)
+                    materialize(part, fake_mode, tracker, on_host=self._option(offload))
                     part.requires_grad_(False).eval()
-                    if self._option(offload):
-                        tracker.move(part, to_host=True)
-            materialize(self.transformer, fake_mode, tracker)
-            if denoiser_on_host:
-                tracker.move(self.transformer, to_host=True)
+            materialize(self.transformer, fake_mode, tracker, on_host=denoiser_on_host)
 
         @contextlib.contextmanager
         def vae_on_device(self) -> Iterator[nn.Module]:

@@ -116,7 +116,8 @@ def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[Compon
     samples = geometry.samples_per_rollout_call
     cp = geometry.rollout_cp
     # a context-parallel group: rank 0 of ``cp`` fake ranks, its sequence split by the model's own CP hooks
-    with fake_process_group(cp), _constant_digest(), fake_mode or contextlib.nullcontext(), tracker:
+    with fake_process_group(cp), _constant_digest(), _expert_routing(), fake_mode or contextlib.nullcontext(), \
+            tracker:
         with _measured(run, tracker, "rollout_load", "parameters"), unset_fake_temporarily():
             model = build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=False, dtype=dtype)
         if cp > 1:
@@ -148,7 +149,7 @@ def _kept_shapes(objective: Any, model: Any, cond: dict[str, torch.Tensor], nois
     if not objective.kept_latents_per_sample():
         return []
     fake_mode, tracker = _modes(fake)
-    with fake_mode or contextlib.nullcontext(), tracker:
+    with _expert_routing(), fake_mode or contextlib.nullcontext(), tracker:
         _, kept = objective.rollout(model, {k: v[:1] for k, v in cond.items()}, noise[:1], torch.Generator())
     return list(kept.items())
 
@@ -204,6 +205,7 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_process_group(world))
         stack.enter_context(_constant_digest())
+        stack.enter_context(_expert_routing())
         stack.enter_context(mock.patch.object(actor_module, "build_model", build))
         stack.enter_context(mock.patch.object(parallelize_module, "parallel_mesh",
                                               outside_fake(parallelize_module.parallel_mesh)))
@@ -332,7 +334,7 @@ def simulate_recipe(cfg: Any, geometry: Any, components: tuple[str, ...] = ("rol
 
     runs: dict[str, ComponentRun] = {}
     # the sampler's grid from the scheduler's real buffers (UniPC reads them through numpy): bookkeeping, no memory
-    with mock.patch.object(schedules, "_fresh_schedule", outside_fake(schedules._fresh_schedule)), _expert_routing():
+    with mock.patch.object(schedules, "_fresh_schedule", outside_fake(schedules._fresh_schedule)):
         rollout, train = simulate_rollout(cfg, geometry)
         if "rollout" in components:
             runs["rollout"] = rollout

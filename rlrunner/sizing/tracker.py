@@ -92,8 +92,9 @@ class MemoryTracker(TorchDispatchMode):
                 self.totals[entry[1]] -= entry[0]
                 self.current -= entry[0]
 
-    def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
-        """Count ``tensor``'s storage (once) in ``category`` (default: the current one); a DTensor: its shard."""
+    def track(self, tensor: torch.Tensor, category: str | None = None, *, on_host: bool = False) -> None:
+        """Count ``tensor``'s storage (once) in ``category`` (default: the current one); a DTensor: its shard.
+        ``on_host``: a new storage starts in host memory, counted in ``category`` once :meth:`move`\ d to the device."""
         tensor = getattr(tensor, "_local_tensor", tensor)
         if tensor.is_meta and not is_fake(tensor):
             return  # the meta build's tensors hold nothing
@@ -101,10 +102,14 @@ class MemoryTracker(TorchDispatchMode):
         key = storage._cdata
         if key not in self._live:
             label = category or self.category
-            self._live[key] = [storage.nbytes(), label, 0]
-            self.totals[label] += storage.nbytes()
-            self.current += storage.nbytes()
-            self._note_peak()
+            if on_host:
+                self._live[key] = [storage.nbytes(), HOST, 0]
+                self._device_category[key] = label
+            else:
+                self._live[key] = [storage.nbytes(), label, 0]
+                self.totals[label] += storage.nbytes()
+                self.current += storage.nbytes()
+                self._note_peak()
         elif category is not None:
             self._relabel_key(key, category)
         if id(tensor) not in self._tensors:
