@@ -2,12 +2,16 @@
 
     python bench/simulate_recipes.py                      # all GPU recipes (minutes each, one at a time)
     python bench/simulate_recipes.py flux1_dev_nft_ocr    # one
-    python bench/simulate_recipes.py --out sims.json      # also every result (JSON objects, formula peaks, seconds)
+    python bench/simulate_recipes.py --out bench/simulated_recipes.json   # and record them (the tests read it)
 
 Each recipe runs ``bin/rlrunner plan <recipe> actor.model.model_path=bench/model_configs/<folder> --simulate
 --json`` in its own process (one simulation at a time: memory and cores are shared), with the device count its
 comment names (``8 x 80 GB``), and the table prints, per recipe: the formula's largest per-device peak (GiB), the
 simulation's, their ratio (simulated / formula), whether the simulation fits, and the seconds it took.
+
+``--out`` merges each result into the record (other recipes' entries stay), with the commit, the date and the
+fingerprint of what it simulated (:func:`rlrunner.sizing.record.recipe_fingerprint`): ``bench/simulated_recipes.json``
+is the record ``tests/models/test_plan_vs_simulation.py`` holds the formula and the recipes to.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import datetime
 import subprocess
 import sys
 import time
@@ -24,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlrunner.config.loader import recipe_path  # after the path set-up above
+from rlrunner.recipe import load_recipe
+from rlrunner.sizing.record import read_record, recipe_fingerprint
 
 #: GPU recipe -> its config-only folder under bench/model_configs/
 RECIPE_FOLDERS = {
@@ -51,11 +58,21 @@ def recipe_devices(recipe: str) -> int:
     return int(found.group(1)) if found else 8
 
 
+def plan_overrides(recipe: str) -> list[str]:
+    """The overrides a recipe is planned and simulated with: its config folder and its comment's device count."""
+    return [f"actor.model.model_path=bench/model_configs/{RECIPE_FOLDERS[recipe]}",
+            f"cluster.num_devices_per_node={recipe_devices(recipe)}"]
+
+
+def fingerprint(recipe: str) -> str:
+    """:func:`rlrunner.sizing.record.recipe_fingerprint` of the recipe as :func:`plan_overrides` plans it."""
+    cfg = load_recipe(recipe, plan_overrides(recipe), check_datasets=False)
+    return recipe_fingerprint(cfg, ROOT / "bench" / "model_configs" / RECIPE_FOLDERS[recipe], ROOT)
+
+
 def _plan(recipe: str, *extra: str) -> subprocess.CompletedProcess:
-    overrides = [f"actor.model.model_path=bench/model_configs/{RECIPE_FOLDERS[recipe]}",
-                 f"cluster.num_devices_per_node={recipe_devices(recipe)}"]
-    return subprocess.run([sys.executable, "-m", "rlrunner.commands.plan", recipe, *overrides, *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    return subprocess.run([sys.executable, "-m", "rlrunner.commands.plan", recipe, *plan_overrides(recipe), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
 
 
 def formula_peak_gib(recipe: str) -> float:
@@ -80,15 +97,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write every recipe's result here as JSON (rewritten after each)")
     args = parser.parse_args()
     print(f"{'recipe':<32}{'formula GiB':>12}{'simulated GiB':>15}{'ratio':>7}{'fits':>6}{'seconds':>9}")
-    recorded: dict[str, dict] = {}
+    recorded = read_record(args.out) if args.out else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout.strip()
     for recipe in args.recipes:
         formula = formula_peak_gib(recipe)
         result, seconds = simulate(recipe)
         recorded[recipe] = {"formula_peak_gib": round(formula, 2), "seconds": round(seconds),
-                            "devices": recipe_devices(recipe), "folder": RECIPE_FOLDERS[recipe],
+                            "devices": recipe_devices(recipe), "folder": RECIPE_FOLDERS[recipe], "commit": commit,
+                            "date": datetime.date.today().isoformat(),
+                            "fingerprint": fingerprint(recipe),
                             **({"error": result} if isinstance(result, str) else {"simulation": result})}
         if args.out:
-            args.out.write_text(json.dumps(recorded, indent=1) + "\n")
+            args.out.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
         if isinstance(result, str):
             print(f"{recipe:<32}{formula:>12.1f}{'-':>15}{'-':>7}{'-':>6}{seconds:>9.0f}  {result}")
             continue

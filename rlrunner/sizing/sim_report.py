@@ -38,7 +38,12 @@ class DeviceResult:
     devices: str  # "0-7"
     components: tuple[str, ...]
     phases: dict[str, int]
-    by_category: dict[str, int]  # at the peak phase
+    categories: dict[str, dict[str, int]]  # per phase: its peak's bytes by category
+
+    @property
+    def by_category(self) -> dict[str, int]:
+        """The peak phase's bytes by category."""
+        return self.categories[self.peak_phase]
 
     @property
     def peak_phase(self) -> str:
@@ -82,8 +87,7 @@ def device_results(sim: Simulation, placement: Any, *, swap: bool) -> list[Devic
                 if idle:
                     categories[phase]["other components (idle)"] = idle
         if phases:
-            peak_phase = max(phases, key=phases.get)
-            results.append(DeviceResult(format_devices(devices), components, phases, categories[peak_phase]))
+            results.append(DeviceResult(format_devices(devices), components, phases, categories))
     return results
 
 
@@ -105,12 +109,15 @@ def step_prediction(sim: Simulation, geometry: Any, gpu: str, mfu: float) -> dic
 
 def simulation_json(results: list[DeviceResult], memory_bytes: int, not_simulated: list[str]) -> dict[str, Any]:
     """The ``--json`` object: ``{"fits", "devices": [...], "not_simulated"}`` (docs/clusters.md "Will it fit?");
-    each device's ``peak_by_category`` is what its peak phase held, by category."""
+    each device's ``peak_by_category`` is what its peak phase held, by category, and ``categories`` the same for
+    every phase."""
     return {
         "fits": all(r.peak <= memory_bytes for r in results),
         "devices": [{"device": r.devices, "components": list(r.components), "peak_gib": round(r.peak / GIB, 3),
                      "peak_phase": r.peak_phase, "phases": {p: round(b / GIB, 3) for p, b in r.phases.items()},
-                     "peak_by_category": {c: round(b / GIB, 3) for c, b in r.by_category.items()}}
+                     "peak_by_category": {c: round(b / GIB, 3) for c, b in r.by_category.items()},
+                     "categories": {p: {c: round(b / GIB, 3) for c, b in cats.items()}
+                                    for p, cats in r.categories.items()}}
                     for r in results],
         "not_simulated": list(not_simulated),
     }

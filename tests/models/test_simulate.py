@@ -72,8 +72,13 @@ def test_simulate_json_has_the_documented_schema(tiny_dirs):
     assert isinstance(result["fits"], bool) and result["not_simulated"]
     assert all(isinstance(item, str) for item in result["not_simulated"])
     for device in result["devices"]:
-        assert set(device) == {"device", "components", "peak_gib", "peak_phase", "phases", "peak_by_category"}
+        assert set(device) == {"device", "components", "peak_gib", "peak_phase", "phases", "peak_by_category",
+                               "categories"}
         assert abs(sum(device["peak_by_category"].values()) - device["peak_gib"]) < 0.01
+        assert device["categories"].keys() == device["phases"].keys()
+        assert device["categories"][device["peak_phase"]] == device["peak_by_category"]
+        for phase, gib in device["phases"].items():
+            assert abs(sum(device["categories"][phase].values()) - gib) < 0.01, phase
         assert "update" in device["phases"] and device["peak_phase"] in device["phases"]
         assert device["peak_gib"] == max(device["phases"].values())
         assert all(isinstance(c, str) for c in device["components"]) and isinstance(device["device"], str)
