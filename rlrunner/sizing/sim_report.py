@@ -4,7 +4,9 @@ predicted step time from its FLOPs.
 Per device, the components placed there take turns in the order a step runs them (:data:`PHASE_ORDER`): the
 running component holds its phase's peak, each other one what it keeps between its phases (its ``resident``
 bytes), less what ``cluster.enable_offload`` moves to host memory (``swappable``) once turns begin. The actor is
-built first and the rollout beside it before the first hand-over, so ``rollout_load`` counts the whole actor.
+built first and the rollout beside it before the first hand-over, so ``rollout_load`` counts the whole actor. The
+env runs no simulated phase: its reward models' weights (at the plan's sizes) count in every phase of its devices,
+and alone on a device they are its ``idle`` peak.
 """
 
 from __future__ import annotations
@@ -80,12 +82,16 @@ def device_results(sim: Simulation, placement: Any, *, swap: bool) -> list[Devic
             for run in runs:
                 if phase not in run.phases:
                     continue
-                others = [o for o in runs if o is not run and phase not in ("actor_load",)]
+                # the rollout is built after the actor's load; the env's reward models may be there already
+                others = [o for o in runs if o is not run and (phase != "actor_load" or o.name == "env")]
                 idle = sum(o.resident - (o.swappable if swap and phase not in START_PHASES else 0) for o in others)
                 phases[phase] = run.phases[phase].peak + idle
                 categories[phase] = dict(run.phases[phase].by_category)
                 if idle:
                     categories[phase]["other components (idle)"] = idle
+        if not phases and runs:  # devices of the env alone: its reward models' weights, all the time
+            phases["idle"] = sum(run.resident for run in runs)
+            categories["idle"] = {"parameters": phases["idle"]}
         if phases:
             results.append(DeviceResult(format_devices(devices), components, phases, categories))
     return results

@@ -32,13 +32,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from rlrunner.cluster.context_parallel import parallel_mesh
 from rlrunner.sizing.fake_build import build_fake_model, fake_process_group, outside_fake
+from rlrunner.sizing.memory import env_plan
 from rlrunner.sizing.tracker import MemoryTracker, PhasePeak
 from rlrunner.utils.device import PRECISIONS
 
 #: what no recipe's simulation runs (named on screen and in the JSON)
 NOT_SIMULATED = (
     "eval rollouts: the rollout phase with the eval sampler's steps and the trained adapter; not run separately",
-    "env: reward models and OCR engines (the formula's plan counts the reward models)",
+    "env: the reward models are not run; their weights count at the sizes the plan gives them (Reward.device_memory), "
+    "OCR engines not at all",
     "the CUDA context (~0.5-1 GiB per process) and allocator fragmentation",
 )
 #: micro-batches of the one optimizer step the actor simulation runs: two without gradient sync, then the sync pass
@@ -340,6 +342,7 @@ def simulate_recipe(cfg: Any, geometry: Any, components: tuple[str, ...] = ("rol
             runs["rollout"] = rollout
         if "actor" in components:
             runs["actor"] = simulate_actor(cfg, geometry, train)
+    runs["env"] = ComponentRun("env", resident=env_plan(cfg.env).resident_bytes)  # held on its devices throughout
     not_simulated = [line for run in runs.values() for line in run.not_simulated]
     not_simulated += list(NOT_SIMULATED)
     return Simulation(runs, not_simulated)

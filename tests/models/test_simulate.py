@@ -130,3 +130,33 @@ def test_rollout_context_parallel_splits_the_sequence(family_recipe):
         activations[cp] = rollout.phases["rollout"].by_category["activations"]
         assert not any("context_parallel" in line for line in rollout.not_simulated)
     assert activations[2] < activations[1], activations
+
+
+def test_env_reward_models_count_where_the_env_is_placed(family_recipe):
+    """The env's reward models are not run but their weights count, at the plan's sizes: alone on a device they are
+    its whole peak, and beside the actor and rollout they add to every phase."""
+    from omegaconf import OmegaConf
+
+    from rlrunner.cluster.placement import parse_placement
+    from rlrunner.sizing.memory import env_plan, model_sizes, resolve_model_folder, step_geometry
+    from rlrunner.sizing.sim_report import device_results
+    from rlrunner.sizing.simulate import simulate_recipe
+
+    clip = REPO / "examples/diffusion/models/tiny-clip"
+    cfg = family_recipe("flux1", "actor.model.precision=bf16", "cluster.num_devices_per_node=2",
+                        "env.train.reward={model: pickscore, model_path: " + str(clip) + "}",
+                        "env.eval.reward={model: clipscore, model_path: " + str(clip) + "}")
+    weights = env_plan(cfg.env).resident_bytes
+    assert weights > 0  # the tiny CLIP scorers
+    sizes = model_sizes(cfg.actor.model, resolve_model_folder(cfg.actor.model.model_path, REPO))
+    OmegaConf.set_readonly(cfg, False)
+    peaks = {}
+    for layout in ({"actor,rollout,env": 0}, {"actor,rollout": 0, "env": 1}):  # the same actor and rollout
+        OmegaConf.update(cfg, "cluster.component_placement", layout, merge=False)
+        placement = parse_placement(cfg.cluster.component_placement, 1, 2)
+        sim = simulate_recipe(cfg, step_geometry(cfg, placement, sizes.guidance))
+        peaks[len(layout)] = {r.devices: r for r in device_results(sim, placement, swap=False)}
+    split, shared = peaks[2], peaks[1]
+    assert split["1"].phases == {"idle": weights}
+    assert {phase: peak + weights for phase, peak in split["0"].phases.items()} == shared["0"].phases
+    assert any("Reward.device_memory" in line for line in sim.not_simulated)
