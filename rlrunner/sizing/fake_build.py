@@ -78,7 +78,7 @@ def materialize(module: nn.Module, fake_mode: FakeTensorMode | None, tracker: Me
     """Replace every meta parameter and buffer of ``module`` by a fake CPU tensor of its shape and dtype (a real
     one of zeros without ``fake_mode``), counted by ``tracker`` as parameters (``on_host``: kept in host memory,
     counted once moved to the device)."""
-    with fake_mode or contextlib.nullcontext():
+    with fake_mode or contextlib.nullcontext(), tracker.paused():
         for sub in module.modules():
             for name, param in list(sub._parameters.items()):
                 if param is not None and param.is_meta:

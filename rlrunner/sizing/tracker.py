@@ -71,6 +71,7 @@ class MemoryTracker(TorchDispatchMode):
         self._live: dict[int, list] = {}  # StorageImpl address -> [bytes, category, tracked tensors on it]
         self._tensors: set[int] = set()  # ids of the live tensors counted
         self._device_category: dict[int, str] = {}  # a storage in host memory -> its category on the device
+        self._paused = False  # ops run without counting their outputs (the caller counts what it keeps)
         self.totals = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
         self.flops = 0  # FLOPs of the ops run under it (torch.utils.flop_counter's formulas)
@@ -182,6 +183,16 @@ class MemoryTracker(TorchDispatchMode):
             self.phase, self.category = outer
 
     @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The block's ops run uncounted: the caller counts what it keeps (:func:`~rlrunner.sizing.fake_build.
+        materialize` counts a part where it is, host memory or the device)."""
+        outer, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = outer
+
+    @contextlib.contextmanager
     def labelled(self, category: str) -> Iterator[None]:
         """Allocations of the block count as ``category`` (the optimizer's state and its temporaries)."""
         outer, self.category = self.category, category
@@ -193,6 +204,8 @@ class MemoryTracker(TorchDispatchMode):
     # ------------------------------------------------------------------ the dispatch mode
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
         if func is _SCALAR_READ and isinstance(args[0], FakeTensor):
             return _zero_of(args[0])  # the defined path of data-dependent code (module docstring)
         if func is _NONZERO and isinstance(args[0], FakeTensor):
