@@ -78,17 +78,24 @@ def materialize(module: nn.Module, fake_mode: FakeTensorMode | None, tracker: Me
     """Replace every meta parameter and buffer of ``module`` by a fake CPU tensor of its shape and dtype (a real
     one of zeros without ``fake_mode``), counted by ``tracker`` as parameters (``on_host``: kept in host memory,
     counted once moved to the device)."""
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # meta tensor (kept alive, so its id stays its own) ->
+    # its fake one: a tied weight (T5's shared embeddings) stays one tensor, as from_pretrained loads it
+
+    def fake_of(meta: torch.Tensor, make: Any) -> torch.Tensor:
+        if id(meta) not in made:
+            made[id(meta)] = (meta, make(torch.zeros_like(meta, device="cpu")))
+            tracker.track(made[id(meta)][1], "parameters", on_host=on_host)
+        return made[id(meta)][1]
+
     with fake_mode or contextlib.nullcontext(), tracker.paused():
         for sub in module.modules():
             for name, param in list(sub._parameters.items()):
                 if param is not None and param.is_meta:
-                    sub._parameters[name] = nn.Parameter(torch.zeros_like(param, device="cpu"),
-                                                         requires_grad=param.requires_grad)
-                    tracker.track(sub._parameters[name], "parameters", on_host=on_host)
+                    sub._parameters[name] = fake_of(param, lambda t, p=param: nn.Parameter(
+                        t, requires_grad=p.requires_grad))
             for name, buffer in list(sub._buffers.items()):
                 if buffer is not None and buffer.is_meta:
-                    sub._buffers[name] = torch.zeros_like(buffer, device="cpu")
-                    tracker.track(sub._buffers[name], "parameters", on_host=on_host)
+                    sub._buffers[name] = fake_of(buffer, lambda t: t)
 
 
 def fake_family(family: type, fake_mode: FakeTensorMode | None, tracker: MemoryTracker) -> type:
