@@ -22,6 +22,7 @@ import torch
 from rlrunner.cluster.placement import format_devices, parse_placement
 from rlrunner.cluster.resources import detect_devices_per_node
 from rlrunner.config.loader import RecipeError, recipe_path
+from rlrunner.models.shapes import ActivationProfile
 from rlrunner.recipe import load_recipe
 from rlrunner.sizing.memory import (
     ComponentPlan,
@@ -52,14 +53,17 @@ from rlrunner.utils.device import npu_available
 
 EXIT_USER_ERROR = 2
 RUNNING_COMPONENTS = ("actor", "rollout")  # env holds no counted memory; it never defines a phase
-ACTIVATION_NOTE = (
-    "activations: formula estimate in the model dtype, s = image tokens / cp + text tokens per sample on a rank (cp "
-    "= context_parallel_size), h = hidden size, "
-    "L = blocks: training L*b*s*h + 17*b*s*h with gradient checkpointing (17*L*b*s*h without; Korthikanti et al. "
-    "2022 with memory-efficient attention), sampling 8*b*s*h. Not included: VAE decode and text-encoder forward "
-    "working memory, the CUDA context (~0.5-1 GiB per process), allocator fragmentation; the env's OCR engine "
-    "is not counted."
-)
+def activation_note(profile: ActivationProfile) -> str:
+    """The formula behind the activation lines, with the family's constants (:class:`ActivationProfile`)."""
+    tokens = "image tokens / cp + text tokens" if profile.text_in_sequence else "image tokens / cp (text: cross-attention)"
+    chunk = f" x {profile.decode_chunk_frames} frames" if profile.decode_chunk_frames > 1 else ""
+    return (f"activations: formula estimate in the model dtype, s = {tokens} per sample on a rank (cp = "
+            f"context_parallel_size), h = hidden size, L = blocks, with this family's constants (measured by plan "
+            f"--simulate): training L*b*s*h + {profile.training:g}*b*s*h with gradient checkpointing "
+            f"({profile.training:g}*L*b*s*h without), sampling {profile.sampling:g}*b*s*h, VAE decode "
+            f"{profile.decode:g} bytes per pixel{chunk} of a decode call's samples. Not included: the text encoders' "
+            f"forward, the CUDA context (~0.5-1 GiB per process), allocator fragmentation; the env's OCR engine is "
+            f"not counted.")
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,8 @@ def device_peak(plans: dict[str, ComponentPlan], components: tuple[str, ...], *,
 
     Collocated components take turns (one phase each): the running one holds everything plus its transient
     tensors and activations; the idle one keeps its persistent parts, minus the swapped ones when ``swap``
-    (``cluster.enable_offload``). With ``concurrent`` (``runner.rollout_ahead``) everything runs at once.
+    (``cluster.enable_offload``) but at start-up, when every model is loaded and none swapped yet. With
+    ``concurrent`` (``runner.rollout_ahead``) everything runs at once.
     """
     running = [c for c in components if c in RUNNING_COMPONENTS]
     phases = [tuple(running)] if concurrent or len(running) < 2 else [(c,) for c in running]
@@ -91,14 +96,15 @@ def device_peak(plans: dict[str, ComponentPlan], components: tuple[str, ...], *,
     for active in phases:
         total = 0
         for component in components:
-            is_running = component in active
             plan = plans[component]
-            total += sum(p.nbytes for p in plan.parts if p.counted and (is_running or not (
-                p.transient or (swap and p.swapped))))
-            if is_running and plan.activation_bytes:
-                total += plan.activation_bytes
+            total += sum(p.nbytes for p in plan.parts if p.counted and not p.transient
+                         and (component in active or not (swap and p.swapped)))
+            if component in active:
+                total += plan.working_bytes()
         best = max(best, (total, " + ".join(active) or "idle"))
-    return best
+    # start-up: every model is loaded before the first hand-over swaps one out
+    startup = sum(p.nbytes for c in components for p in plans[c].parts if p.counted and not p.transient)
+    return (startup, "start-up (every model loaded)") if startup > best[0] else best
 
 
 def component_plans(cfg, sizes: ModelSizes, geometry: StepGeometry) -> dict[str, ComponentPlan]:
@@ -176,7 +182,7 @@ def render(cfg, sizes: ModelSizes, geometry: StepGeometry, placement, config_nam
     for part in host_buffer_parts(sizes, geometry):
         lines.append(f"  {part.name:<44}{format_bytes(part.nbytes):>12}  {part.detail}")
     thread_lines, thread_warnings = ocr_thread_lines(cfg.cluster, cfg.env)
-    lines += ["", *thread_lines, *([""] if thread_lines else []), ACTIVATION_NOTE]
+    lines += ["", *thread_lines, *([""] if thread_lines else []), activation_note(sizes.profile)]
     return lines + thread_warnings + warnings  # a device that does not fit is the last line
 
 

@@ -26,7 +26,7 @@ from rlrunner.models.lora import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, LoraAda
 from rlrunner.models.placement import ComponentPlacement
 from rlrunner.models.schedules import pipeline_sigmas
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import SampleShapes
+from rlrunner.models.shapes import ActivationProfile, SampleShapes
 
 Cond = dict[str, torch.Tensor]
 
@@ -62,6 +62,8 @@ class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
     expert_components: tuple[str, ...] = ()
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
+    #: what the denoiser and VAE hold while they run, per unit the memory plan multiplies out (measured values)
+    activation_profile: ActivationProfile = ActivationProfile()
     #: how the family's :meth:`combine_guidance` combines the ``cfg`` halves (``Guidance.combine``)
     guidance_combine: str = PLAIN_COMBINE
     #: with ``use_lora: false`` the whole denoiser trains (tiny); otherwise it stays frozen

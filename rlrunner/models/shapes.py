@@ -34,6 +34,37 @@ class SampleShapes:
     text_tokens: int
 
 
+@dataclass(frozen=True)
+class ActivationProfile:
+    """What a family's denoiser and VAE hold while they run, in the units the memory plan multiplies out
+    (:func:`rlrunner.sizing.memory.activation_bytes`, :func:`~rlrunner.sizing.memory.decode_bytes`).
+
+    A family's values are fixed from its full-size simulation (``bin/rlrunner plan --simulate``, recorded in
+    ``bench/simulated_recipes.json``), the largest over its shipped recipes. A family that declares none gets the
+    defaults: the textbook block counts and the decode of diffusers' ``AutoencoderKL`` (SD3's and FLUX.1's VAE). Besides the block's own tensors they include peft's float32 LoRA path: the
+    adapters are float32, so every adapted layer keeps a float32 copy of its input for backward and computes its
+    LoRA output, scaled, in float32 beside the base output (FLUX.2-klein's fused 27,648-wide projection: 3 times
+    the bytes of the base output).
+
+    Attributes:
+        sampling: elements of the model dtype per token and hidden unit alive in one block at inference.
+        training: elements per token and hidden unit the block being recomputed keeps for backward (gradient
+            checkpointing; without it every block keeps this many). Korthikanti et al. 2022 give 17 with
+            memory-efficient attention.
+        decode: bytes per decoded pixel of one frame while the VAE decodes a chunk of ``decode_chunk_frames``.
+        decode_chunk_frames: frames one VAE decode step produces at a time (a causal video VAE: 4 per latent
+            frame); an image family 1.
+        text_in_sequence: the text tokens join the blocks' sequence (joint attention: SD3, FLUX, Qwen-Image,
+            Z-Image); False where they only feed cross-attention (Wan), so activations scale with image tokens.
+    """
+
+    sampling: float = 8.0
+    training: float = 17.0
+    decode: float = 3072.0
+    decode_chunk_frames: int = 1
+    text_in_sequence: bool = True
+
+
 def pipeline_configs(pipe: Any) -> dict[str, dict[str, Any]]:
     """Config dicts of a loaded pipeline's model components, keyed like ``model_index.json`` (those it was loaded
     without, read from their files: ``pipe.skipped_configs``)."""

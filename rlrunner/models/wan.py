@@ -31,7 +31,7 @@ from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae_latent_stats
 from rlrunner.models.schedules import integer_timestep, pipeline_timestep_dtype
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import SampleShapes
+from rlrunner.models.shapes import ActivationProfile, SampleShapes
 
 CONDITION_MODES = ("t2v",)
 #: what each Wan layout's model_index.json looks like, for the one-line errors
@@ -98,6 +98,11 @@ class WanFlowModel(FlowModel):
         "ffn.net.0.proj", "ffn.net.2",
     )
     decode_batch_size = 2
+    #: measured by plan --simulate (bench/simulated_recipes.json): the 5B image and video recipes' sampler 51.6 and
+    #: 50.7 elements per image token and hidden unit (the text only feeds cross-attention; the 14,336-wide FFN's
+    #: float32 LoRA output and the float32 norms and modulation), the Wan2.2 VAE's decode 5,796 bytes per pixel of a
+    #: chunk (one latent frame decodes to 4 frames)
+    activation_profile = ActivationProfile(sampling=51.6, decode=5800.0, decode_chunk_frames=4, text_in_sequence=False)
 
     def check_pipeline(self, pipe: Any) -> None:
         """A condition mode we sample, and a pipeline of this layout (a hub id's index is checked only here)."""
@@ -211,3 +216,8 @@ class Wan21FlowModel(WanFlowModel):
 
     model_type = "wan21_t2v"
     settings_type = Wan21Settings
+    #: measured by plan --simulate on wan22_t2v_a14b_nft_video_ocr, whose experts are Wan2.1-14B transformers with the
+    #: Wan2.1 VAE: the sampler 23.6 elements per image token and hidden unit (a 2.7 h FFN), the decode 5,118 bytes per
+    #: pixel of a 4-frame chunk
+    activation_profile = ActivationProfile(sampling=23.6, decode=5120.0, decode_chunk_frames=4,
+                                           text_in_sequence=False)

@@ -25,7 +25,7 @@ import torch
 
 from rlrunner.models import model_class
 from rlrunner.models.guidance import Guidance
-from rlrunner.models.shapes import SampleShapes
+from rlrunner.models.shapes import ActivationProfile, SampleShapes
 from rlrunner.objectives import build_objective
 from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
 from rlrunner.utils.device import PRECISIONS, resolve_dtype
@@ -41,12 +41,6 @@ FP32 = torch.float32
 #: denoiser config keys whose sum is the block count L: FLUX's single-stream blocks see every token as its double
 #: blocks do; Z-Image's n_refiner_layers refine the image and the text tokens apart, about one block over both each
 BLOCK_COUNT_KEYS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
-#: elements kept per token and hidden unit by one transformer block for backward (Korthikanti et al. 2022,
-#: "Reducing Activation Recomputation in Large Transformer Models": 34 s b h bytes in 16-bit = 17 elements,
-#: with memory-efficient attention, which drops their 5 a s^2 b term)
-TRAIN_ELEMENTS_PER_TOKEN = 17
-#: elements per token and hidden unit alive inside one block at inference: residual, q, k, v and the 4h MLP hidden
-INFERENCE_ELEMENTS_PER_TOKEN = 8
 
 
 def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -84,6 +78,8 @@ class ModelSizes:
     num_layers: int | None  # blocks of one denoiser (each sample runs through one expert's)
     experts: int = 1  # denoisers routed by sigma (Wan2.2 A14B: 2), all held on the device
     guidance: Guidance | None = None  # the recipe's guidance on this folder (FlowModel.resolve_guidance)
+    profile: ActivationProfile = field(default_factory=ActivationProfile)  # the family's activation constants
+    decode_batch_size: int = 8  # samples per VAE decode call (the family's)
 
     def cond_bytes(self, rows: int) -> int:
         """Conditioning of ``rows`` samples (or prompts): every tensor of :attr:`SampleShapes.cond`."""
@@ -156,6 +152,8 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
         num_layers=blocks if denoiser_name == "transformer" else None,
         experts=len(denoisers),
         guidance=guidance,
+        profile=family.activation_profile,
+        decode_batch_size=family.decode_batch_size,
     )
 
 
@@ -209,7 +207,8 @@ class Part:
 
     ``counted``: on the device at all (False for what waits in host memory); ``transient``: only while its
     component runs (gradients, batches); ``swapped``: moves to host memory while the other collocated model
-    runs (``cluster.enable_offload``).
+    runs (``cluster.enable_offload``); ``step``: a transient part held only in that step of its component, which
+    does not overlap the component's activations (the actor's weight-sync buffer: after the update).
     """
 
     component: str
@@ -219,6 +218,7 @@ class Part:
     counted: bool = True
     transient: bool = False
     swapped: bool = False
+    step: str = ""
 
 
 @dataclass
@@ -231,35 +231,56 @@ class ComponentPlan:
     def resident_bytes(self) -> int:
         return sum(p.nbytes for p in self.parts if p.counted)
 
+    def working_bytes(self) -> int:
+        """What the component adds while it runs: its transient parts of every step, plus the larger of its
+        activations and the parts of any other step of its own (:attr:`Part.step`)."""
+        transient = [p for p in self.parts if p.counted and p.transient]
+        steps = {p.step for p in transient if p.step}
+        alone = [sum(p.nbytes for p in transient if p.step == step) for step in steps]
+        return sum(p.nbytes for p in transient if not p.step) + max([self.activation_bytes or 0, *alone])
+
 
 def activation_bytes(sizes: ModelSizes, batch: int, *, training: bool, checkpointing: bool,
                      context_parallel_size: int = 1) -> int | None:
     """Formula estimate of the denoiser's activation memory for ``batch`` samples on one rank; None without a
     transformer.
 
-    ``s`` = image tokens / ``cp`` + text tokens per sample (joint attention in SD3 / Qwen-Image; an upper bound for
-    Wan's cross-attention; context parallelism over ``cp`` ranks splits the image tokens, and Ulysses' all-to-all
-    trades the sequence split for a head split, so q, k, v stay ``s / cp × h`` per rank; the text is counted whole,
-    an upper bound), ``h`` = hidden size, ``L`` = blocks, elements of the model dtype:
+    ``s`` = image tokens / ``cp`` (+ text tokens per sample where they join the blocks' sequence,
+    :attr:`ActivationProfile.text_in_sequence`; context parallelism over ``cp`` ranks splits the image tokens, and
+    Ulysses' all-to-all trades the sequence split for a head split, so q, k, v stay ``s / cp × h`` per rank; the
+    text is counted whole, an upper bound), ``h`` = hidden size, ``L`` = blocks, elements of the model dtype, with
+    the family's :class:`~rlrunner.models.shapes.ActivationProfile` ``sampling`` and ``training``:
 
-    * training with gradient checkpointing: ``L b s h`` (each block's input) + ``17 b s h`` (the block being
-      recomputed in backward); without it: ``17 L b s h``;
-    * inference (rollout): ``8 b s h`` (one block's residual, q, k, v and 4h MLP hidden at a time).
+    * training with gradient checkpointing: ``L b s h`` (each block's input) + ``training b s h`` (the block being
+      recomputed in backward); without it: ``training L b s h``;
+    * inference (rollout): ``sampling b s h`` (one block at a time).
 
-    Excluded: the VAE decode (bounded by the family's decode batch), the text encoders' forward, allocator
-    fragmentation and the CUDA context (~0.5-1 GB per process).
+    Excluded: the text encoders' forward, allocator fragmentation and the CUDA context (~0.5-1 GB per process);
+    the VAE decode is :func:`decode_bytes`.
     """
     if sizes.hidden_size is None or sizes.num_layers is None:
         return None
-    per_rank = math.ceil(sizes.shapes.image_tokens / context_parallel_size) + sizes.shapes.text_tokens
+    profile = sizes.profile
+    per_rank = math.ceil(sizes.shapes.image_tokens / context_parallel_size)
+    per_rank += sizes.shapes.text_tokens if profile.text_in_sequence else 0
     tokens = batch * per_rank * sizes.hidden_size
     if not training:
-        elements = INFERENCE_ELEMENTS_PER_TOKEN * tokens
+        elements = profile.sampling * tokens
     elif checkpointing:
-        elements = (sizes.num_layers + TRAIN_ELEMENTS_PER_TOKEN) * tokens
+        elements = (sizes.num_layers + profile.training) * tokens
     else:
-        elements = TRAIN_ELEMENTS_PER_TOKEN * sizes.num_layers * tokens
-    return elements * sizes.dtype.itemsize
+        elements = profile.training * sizes.num_layers * tokens
+    return int(elements * sizes.dtype.itemsize)
+
+
+def decode_bytes(sizes: ModelSizes) -> int:
+    """The VAE decode's working memory: one decode call's samples (the family's ``decode_batch_size``), each a chunk
+    of ``decode_chunk_frames`` frames at :attr:`ActivationProfile.decode` bytes per pixel."""
+    pixels = sizes.shapes.pixels
+    frames = pixels[0] if len(pixels) == 4 else 1
+    height, width = pixels[-3], pixels[-2]
+    chunk = min(frames, sizes.profile.decode_chunk_frames)
+    return int(sizes.decode_batch_size * chunk * height * width * sizes.profile.decode)
 
 
 def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpointing: bool) -> ComponentPlan:
@@ -276,8 +297,8 @@ def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpo
         Part("actor", "LoRA adapter ema", lora, "same shapes as default", swapped=True),
         Part("actor", "LoRA gradients", lora, "fp32, default adapter only", transient=True),
         Part("actor", "AdamW state", ADAMW_STATES * lora, "exp_avg + exp_avg_sq, fp32", swapped=True),
-        Part("actor", "weight sync buffer", sync_buffer_bytes(sizes.lora_params, shards), "one adapter, flat",
-             transient=True),
+        Part("actor", "weight sync buffer", sync_buffer_bytes(sizes.lora_params, shards),
+             "one adapter, flat; after the update", transient=True, step="weight sync"),
         Part("actor", "micro-batch inputs", 2 * sizes.latent_bytes(mb) + sizes.cond_bytes(mb),
              f"x0 + x_t fp32 and conditioning for {mb} samples", transient=True),
     ])
@@ -303,22 +324,28 @@ def rollout_plan(sizes: ModelSizes, geometry: StepGeometry, family_cfg: Any) -> 
              f"{format_count(sizes.denoiser_params)} params, {_dtype_name(sizes.dtype)}, full replica", swapped=True),
         Part("rollout", "LoRA adapters default + ema", 2 * lora, "fp32", swapped=True),
     ])
-    # offloaded encoders / VAE visit the device while the rollout runs: counted in its phase (a slight
-    # overestimate: encoding, sampling and decoding do not overlap)
+    # offloaded encoders / VAE wait in host memory and visit the device only for their step of the rollout:
+    # counted in that step below, not beside the sampler (encoding, sampling and decoding take turns)
     for name, size in sizes.text_encoder_bytes.items():
         where = "host memory; on the device only while encoding" if offload_te else _dtype_name(sizes.dtype)
-        plan.parts.append(Part("rollout", f"text encoder {name}", size, where, transient=offload_te))
+        plan.parts.append(Part("rollout", f"text encoder {name}", size, where, counted=not offload_te))
     if sizes.vae_bytes:
         where = "host memory; on the device only while decoding" if offload_vae else "fp32"
-        plan.parts.append(Part("rollout", "VAE", sizes.vae_bytes, where, transient=offload_vae))
+        plan.parts.append(Part("rollout", "VAE", sizes.vae_bytes, where, counted=not offload_vae))
     plan.parts.append(Part("rollout", "generate call: noise + x0 + conditioning",
                            2 * sizes.latent_bytes(n) + sizes.cond_bytes(n * geometry.cfg_factor),
                            f"{n} samples per call (fp32 latents, conditioning per sample)", transient=True))
     cp = geometry.rollout_cp
-    plan.activation_bytes = activation_bytes(sizes, n * geometry.cfg_factor, training=False, checkpointing=False,
-                                             context_parallel_size=cp)
-    plan.activation_detail = (f"sampling, {n * geometry.cfg_factor} samples per denoiser call"
-                              + (f", sequence / {cp} (cp)" if cp > 1 else ""))
+    steps = {
+        "encoding (the offloaded text encoders on the device)": sum(sizes.text_encoder_bytes.values()) * offload_te,
+        (f"sampling, {n * geometry.cfg_factor} samples per denoiser call"
+         + (f", sequence / {cp} (cp)" if cp > 1 else "")): activation_bytes(
+            sizes, n * geometry.cfg_factor, training=False, checkpointing=False, context_parallel_size=cp) or 0,
+        f"VAE decode of {sizes.decode_batch_size} samples at a time" + (" (the VAE on the device)" * offload_vae):
+            decode_bytes(sizes) + sizes.vae_bytes * offload_vae,
+    }
+    plan.activation_detail = max(steps, key=steps.get)  # the rollout's steps take turns: the largest is its peak
+    plan.activation_bytes = steps[plan.activation_detail]
     return plan
 
 

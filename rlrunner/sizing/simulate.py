@@ -39,8 +39,8 @@ from rlrunner.utils.device import PRECISIONS
 #: what no recipe's simulation runs (named on screen and in the JSON)
 NOT_SIMULATED = (
     "eval rollouts: the rollout phase with the eval sampler's steps and the trained adapter; not run separately",
-    "env: the reward models are not run; their weights count at the sizes the plan gives them (Reward.device_memory), "
-    "OCR engines not at all",
+    ("env: the reward models are not run; their weights count at the sizes the plan gives them "
+     "(Reward.device_memory), OCR engines not at all"),
     "the CUDA context (~0.5-1 GiB per process) and allocator fragmentation",
 )
 #: micro-batches of the one optimizer step the actor simulation runs: two without gradient sync, then the sync pass
@@ -283,7 +283,7 @@ def _sharded_from_host(tracker: MemoryTracker) -> Any:
     """FSDP2's ``fully_shard`` of a module whose parameters wait in host memory (``denoiser_on_host``): they count on
     the device while the call moves and shards them, as the real call does; the shards it leaves count from then on,
     the full tensors until they are freed."""
-    import torch.distributed.fsdp as fsdp
+    from torch.distributed import fsdp
 
     real = fsdp.fully_shard
 

@@ -95,7 +95,8 @@ class MemoryTracker(TorchDispatchMode):
 
     def track(self, tensor: torch.Tensor, category: str | None = None, *, on_host: bool = False) -> None:
         """Count ``tensor``'s storage (once) in ``category`` (default: the current one); a DTensor: its shard.
-        ``on_host``: a new storage starts in host memory, counted in ``category`` once :meth:`move`\ d to the device."""
+        ``on_host``: a new storage starts in host memory, counted in ``category`` once :meth:`move` brings it to the
+        device."""
         tensor = getattr(tensor, "_local_tensor", tensor)
         if tensor.is_meta and not is_fake(tensor):
             return  # the meta build's tensors hold nothing

@@ -26,7 +26,9 @@ from rlrunner.sizing.memory import (
     StepGeometry,
     activation_bytes,
     actor_plan,
+    decode_bytes,
     model_sizes,
+    rollout_plan,
 )
 from rlrunner.sizing.meta import CONFIG_FILE, MODEL_INDEX
 
@@ -127,6 +129,38 @@ def test_device_peak_takes_turns_swaps_and_overlaps():
     assert device_peak(plans, ("rollout",), swap=True, concurrent=False) == (26, "rollout")
 
 
+def test_device_peak_counts_start_up_and_steps_that_take_turns():
+    plans = {
+        "actor": ComponentPlan([Part("actor", "weights", 10, swapped=True), Part("actor", "grads", 3, transient=True),
+                                Part("actor", "sync", 7, transient=True, step="weight sync")], activation_bytes=5),
+        "rollout": ComponentPlan([Part("rollout", "weights", 30, swapped=True)], activation_bytes=1),
+    }
+    # the sync buffer (7) comes after the update's activations (5): the actor adds 3 + max(5, 7) = 10
+    assert plans["actor"].working_bytes() == 10
+    # enable_offload: actor phase 10 + 10 = 20, rollout phase 30 + 1 = 31, but at start-up both are loaded: 40
+    assert device_peak(plans, ("actor", "rollout"), swap=True, concurrent=False) == (40, "start-up (every model loaded)")
+    # without offload the actor's phase holds the rollout's weights: 10 + 10 + 30 = 50
+    assert device_peak(plans, ("actor", "rollout"), swap=False, concurrent=False) == (50, "actor")
+
+
+def test_rollout_steps_take_turns_and_offloaded_parts_visit_for_theirs():
+    from rlrunner.models.shapes import ActivationProfile
+
+    sizes = _toy_sizes(text_encoder_bytes={"text_encoder": 5000}, vae_bytes=9000,
+                       profile=ActivationProfile(sampling=10.0, decode=2.0), decode_batch_size=2)
+    geometry = StepGeometry(samples=4, group_size=2, rollout_workers=1, actor_ranks=1, rollout_rounds=1,
+                            micro_batch_size=2, cfg_factor=1, num_logged_samples=0)
+    decode = 2 * 8 * 8 * 2.0  # 2 samples a call, 8 x 8 pixels, 2 bytes a pixel
+    sampling = 10 * 4 * 7 * 8 * 2  # 4 samples, s = 7, h = 8, bf16
+    for offload_te, offload_vae, peak in ((False, False, sampling), (True, False, 5000),
+                                          (False, True, decode + 9000)):
+        family = OmegaConf.create({"offload_text_encoder": offload_te, "offload_vae": offload_vae})
+        plan = rollout_plan(sizes, geometry, family)
+        counted = {p.name: p.counted for p in plan.parts}
+        assert counted["text encoder text_encoder"] is not offload_te and counted["VAE"] is not offload_vae
+        assert plan.activation_bytes == peak, (offload_te, offload_vae, plan.activation_detail)
+
+
 def _toy_sizes(**overrides) -> ModelSizes:
     from rlrunner.models.shapes import SampleShapes
 
@@ -148,6 +182,20 @@ def test_activation_formula_by_hand():
     assert activation_bytes(sizes, 3, training=False, checkpointing=False, context_parallel_size=4) == 8 * 3 * 4 * 8 * 2
 
 
+def test_activation_profile_constants_by_hand():
+    from rlrunner.models.shapes import ActivationProfile, SampleShapes
+
+    # a family's measured constants replace 17 and 8; cross-attention text (Wan) leaves s = 4 image tokens
+    sizes = _toy_sizes(profile=ActivationProfile(sampling=50.0, training=60.0, text_in_sequence=False))
+    assert activation_bytes(sizes, 2, training=True, checkpointing=True) == (2 + 60) * 2 * 4 * 8 * 2
+    assert activation_bytes(sizes, 3, training=False, checkpointing=False) == 50 * 3 * 4 * 8 * 2
+    # the decode: decode_batch_size samples of min(frames, chunk) frames at `decode` bytes a pixel
+    video = SampleShapes((4, 2, 2, 2), {}, (9, 8, 6, 3), image_tokens=8, text_tokens=3)
+    profile = ActivationProfile(decode=100.0, decode_chunk_frames=4)
+    assert decode_bytes(_toy_sizes(shapes=video, profile=profile, decode_batch_size=2)) == 2 * 4 * 8 * 6 * 100
+    assert decode_bytes(_toy_sizes(decode_batch_size=3)) == 3 * 1 * 8 * 8 * 3072  # an image, the default decode
+
+
 def test_fsdp2_shards_the_actor_over_its_ranks():
     geometry = StepGeometry(samples=16, group_size=4, rollout_workers=1, actor_ranks=4, rollout_rounds=1,
                             micro_batch_size=2, cfg_factor=1, num_logged_samples=4)
@@ -162,8 +210,10 @@ def test_fsdp2_shards_the_actor_over_its_ranks():
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_plan_prints_a_table_for_each_gpu_recipe_from_a_config_only_folder(tiny_dirs, tmp_path, capsys, model_type):
     folder = config_only_copy(tiny_dirs(model_type), tmp_path / "configs")
-    # the tiny A14B folder's 2 heads do not split over the recipe's 4 CP ranks (the recipe check says so)
-    tiny_sized = ["actor.context_parallel_size=1", "rollout.context_parallel_size=1"] if model_type == A14B else []
+    # the tiny A14B folder's 2 heads do not split over the recipe's 4 CP ranks (the recipe check says so); without
+    # CP its 8 rollout workers need 8 prompts
+    tiny_sized = ["actor.context_parallel_size=1", "rollout.context_parallel_size=1", "env.train.total_num_envs=64",
+                  "actor.global_batch_size=64"] if model_type == A14B else []
     assert main([RECIPES[model_type], f"actor.model.model_path={folder}", *tiny_sized, "--device-memory", "80"]) == 0
     out = capsys.readouterr().out
     assert "devices 0" in out or "device 0" in out
