@@ -3,6 +3,7 @@
     python bench/simulate_recipes.py                      # all GPU recipes (minutes each, one at a time)
     python bench/simulate_recipes.py flux1_dev_nft_ocr    # one
     python bench/simulate_recipes.py --out bench/simulated_recipes.json   # and record them (the tests read it)
+    python bench/simulate_recipes.py --table bench/simulated_recipes.json # docs/clusters.md's table, from the record
 
 Each recipe runs ``bin/rlrunner plan <recipe> actor.model.model_path=bench/model_configs/<folder> --simulate
 --json`` in its own process (one simulation at a time: memory and cores are shared), with the device count its
@@ -29,9 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlrunner.config.loader import recipe_path  # after the path set-up above
+from rlrunner.cluster.placement import parse_placement  # after the path set-up above
+from rlrunner.cluster.resources import detect_devices_per_node
+from rlrunner.commands.plan import formula_device_peaks
+from rlrunner.config.loader import recipe_path
 from rlrunner.recipe import load_recipe
+from rlrunner.sizing.memory import model_sizes, resolve_model_folder, step_geometry
 from rlrunner.sizing.record import read_record, recipe_fingerprint
+from rlrunner.sizing.sim_report import GIB, recipe_device_gib
 
 #: GPU recipe -> its config-only folder under bench/model_configs/
 RECIPE_FOLDERS = {
@@ -71,6 +77,33 @@ def fingerprint(recipe: str) -> str:
     return recipe_fingerprint(cfg, ROOT / "bench" / "model_configs" / RECIPE_FOLDERS[recipe], ROOT)
 
 
+def formula_peaks(recipe: str) -> dict[str, int]:
+    """The formula's peak bytes per set of alike devices (``"0-7"``), as ``bin/rlrunner plan`` computes them."""
+    cfg = load_recipe(recipe, plan_overrides(recipe), check_datasets=False)
+    sizes = model_sizes(cfg.actor.model, resolve_model_folder(cfg.actor.model.model_path, ROOT))
+    placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
+                                detect_devices_per_node(cfg.cluster))
+    return formula_device_peaks(cfg, sizes, step_geometry(cfg, placement, sizes.guidance), placement)
+
+
+def fit_table(record: dict[str, dict]) -> list[str]:
+    """docs/clusters.md "Will it fit?": per recipe and set of devices, the simulated peak (and its phase) from the
+    record beside the formula's, their ratio, whether the simulation fits the recipe's device, and its seconds."""
+    lines = ["| recipe | devices | simulated GiB (phase) | formula GiB | formula / simulated | fits | seconds |",
+             "|---|---|---|---|---|---|---|"]
+    for recipe in sorted(record):
+        entry = record[recipe]
+        formula = formula_peaks(recipe)
+        device_gib = recipe_device_gib(recipe_path(recipe))
+        for device in entry["simulation"]["devices"]:
+            planned = formula[device["device"]] / GIB
+            lines.append(f"| `{recipe}` | {device['device']} | {device['peak_gib']:.1f} ({device['peak_phase']}) | "
+                         f"{planned:.1f} | {planned / device['peak_gib']:.2f} | "
+                         f"{'yes' if device['peak_gib'] <= device_gib else 'NO'} ({device_gib:g} GiB) | "
+                         f"{entry['seconds']} |")
+    return lines
+
+
 def _plan(recipe: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlrunner.commands.plan", recipe, *plan_overrides(recipe), *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
@@ -96,7 +129,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipes", nargs="*", default=list(RECIPE_FOLDERS), help="recipes (default: every GPU one)")
     parser.add_argument("--out", type=Path, help="write every recipe's result here as JSON (rewritten after each)")
+    parser.add_argument("--table", type=Path, metavar="RECORD",
+                        help="simulate nothing: print docs/clusters.md's table from this record and today's formula")
     args = parser.parse_args()
+    if args.table:
+        print("\n".join(fit_table(read_record(args.table))))
+        return
     print(f"{'recipe':<32}{'formula GiB':>12}{'simulated GiB':>15}{'ratio':>7}{'fits':>6}{'seconds':>9}")
     recorded = read_record(args.out) if args.out else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,

@@ -63,10 +63,10 @@ class Flux1FlowModel(FlowModel):
     """
 
     model_type = "flux1"
-    #: measured by plan --simulate (bench/simulated_recipes.json): flux1_dev_nft_ocr's sampler 24.7 elements per token
-    #: and hidden unit (the single-stream blocks keep attention and the 4h MLP live together, with peft's float32 LoRA
-    #: output of proj_mlp); the VAE decode is AutoencoderKL's (the default)
-    activation_profile = ActivationProfile(sampling=24.7)
+    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: flux1_dev_nft_ocr's sampler 24.7
+    #: elements per token and hidden unit (the single-stream blocks keep attention and the 4h MLP live together, with
+    #: peft's float32 LoRA output of proj_mlp), its recomputed block 29.0, the AutoencoderKL decode 3,072 bytes a pixel
+    activation_profile = ActivationProfile(sampling=25.0, training=30.0, decode=3100.0)
     settings_type = Flux1Settings
     pipeline_class_name = "FluxPipeline"
     lora_loader_class_name = "FluxLoraLoaderMixin"

@@ -84,10 +84,10 @@ class Flux2KleinFlowModel(FlowModel):
     """
 
     model_type = "flux2_klein"
-    #: measured by plan --simulate (bench/simulated_recipes.json): flux2_klein_nft_ocr's sampler 49.9 elements per
-    #: token and hidden unit (the single blocks' fused 27,648-wide to_qkv_mlp_proj: its bf16 output beside peft's
-    #: float32 LoRA output and its scaled copy), the decode 3,077 bytes per pixel
-    activation_profile = ActivationProfile(sampling=49.9, decode=3080.0)
+    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: flux2_klein_nft_ocr's sampler 49.9
+    #: elements per token and hidden unit (the single blocks' fused 27,648-wide to_qkv_mlp_proj: its bf16 output
+    #: beside peft's float32 LoRA output and its scaled copy), its recomputed block 50.4, the decode 3,077 bytes a pixel
+    activation_profile = ActivationProfile(sampling=50.0, training=51.0, decode=3100.0)
     settings_type = Flux2KleinSettings
     pipeline_class_name = "Flux2KleinPipeline"
     lora_loader_class_name = "Flux2LoraLoaderMixin"

@@ -69,9 +69,10 @@ class QwenImageFlowModel(FlowModel):
     """
 
     model_type = "qwen_image"
-    #: measured by plan --simulate (bench/simulated_recipes.json): qwen_image_nft_ocr's sampler 15.7 elements per
-    #: token and hidden unit, its VAE's decode (the Wan-style causal VAE on one frame) 6,928 bytes per pixel
-    activation_profile = ActivationProfile(sampling=15.7, decode=6930.0)
+    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: qwen_image_nft_ocr's sampler 15.7
+    #: elements per token and hidden unit, its recomputed block 51.1, its VAE's decode (the Wan-style causal VAE on
+    #: one frame) 6,928 bytes per pixel
+    activation_profile = ActivationProfile(sampling=16.0, training=52.0, decode=7000.0)
     settings_type = QwenImageSettings
     pipeline_class_name = "QwenImagePipeline"
     lora_loader_class_name = "QwenImageLoraLoaderMixin"

@@ -30,9 +30,10 @@ class SD3FlowModel(FlowModel):
     """
 
     model_type = "sd3"
-    #: measured by plan --simulate (bench/simulated_recipes.json): sd3_nft_ocr's sampler 14.0 elements per token and
-    #: hidden unit (SD3.5-Large 13.0); the VAE decode is AutoencoderKL's (the default)
-    activation_profile = ActivationProfile(sampling=14.0)
+    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: sd3_nft_ocr's sampler 14.0 elements per
+    #: token and hidden unit (SD3.5-Large 13.0), its recomputed block 30.2 (sd3_nft_multi_reward; sd3_nft_ocr 29.6),
+    #: the AutoencoderKL decode 3,072 bytes per pixel
+    activation_profile = ActivationProfile(sampling=15.0, training=31.0, decode=3100.0)
     settings_type = FamilyConfig  # 512 px and 256 T5 tokens: the shared defaults
     pipeline_class_name = "StableDiffusion3Pipeline"
     lora_loader_class_name = "SD3LoraLoaderMixin"

@@ -67,9 +67,9 @@ class ZImageFlowModel(FlowModel):
     """
 
     model_type = "zimage"
-    #: measured by plan --simulate (bench/simulated_recipes.json): zimage_nft_ocr's sampler 23.5 elements per token
-    #: and hidden unit; the VAE decode is AutoencoderKL's (the default)
-    activation_profile = ActivationProfile(sampling=23.5)
+    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: zimage_nft_ocr's sampler 23.5 elements
+    #: per token and hidden unit, its recomputed block 56.1, the AutoencoderKL decode 3,072 bytes per pixel
+    activation_profile = ActivationProfile(sampling=24.0, training=57.0, decode=3100.0)
     settings_type = ZImageSettings
     own_settings = ("cfg_truncation", "cfg_normalization")
     pipeline_class_name = "ZImagePipeline"

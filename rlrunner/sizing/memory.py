@@ -79,6 +79,8 @@ class ModelSizes:
     experts: int = 1  # denoisers routed by sigma (Wan2.2 A14B: 2), all held on the device
     guidance: Guidance | None = None  # the recipe's guidance on this folder (FlowModel.resolve_guidance)
     profile: ActivationProfile = field(default_factory=ActivationProfile)  # the family's activation constants
+    largest_block_bytes: int = 0  # the denoiser's largest block (FSDP2's unit of all-gather); 0: no blocks named
+    non_block_bytes: int = 0  # what no block holds (embeddings, output layers: FSDP2's root units), every expert
     decode_batch_size: int = 8  # samples per VAE decode call (the family's)
 
     def cond_bytes(self, rows: int) -> int:
@@ -135,12 +137,15 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     config = components[denoiser_name].config
     text_encoders = {name: module_bytes(build_on_meta(c, dtype), dtype) for name, c in components.items()
                      if name not in (*names, VAE_NAME)}
+    blocks = [block for d in denoisers.values() for block in _blocks(d)]
+    block_bytes = [module_bytes(block, dtype) for block in blocks]
     heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
     width = heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else config.get("dim")
-    blocks = sum(int(config.get(key) or 0) for key in BLOCK_COUNT_KEYS) or None
+    layers = sum(int(config.get(key) or 0) for key in BLOCK_COUNT_KEYS) or None
+    denoiser_bytes = sum(module_bytes(d, dtype) for d in denoisers.values())
     return ModelSizes(
         dtype=dtype,
-        denoiser_bytes=sum(module_bytes(d, dtype) for d in denoisers.values()),
+        denoiser_bytes=denoiser_bytes,
         denoiser_params=sum(p.numel() for d in denoisers.values() for p in d.parameters()),
         text_encoder_bytes=text_encoders,
         vae_bytes=module_bytes(build_on_meta(components[VAE_NAME]), FP32) if VAE_NAME in components else 0,
@@ -149,12 +154,25 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
                         for name, d in denoisers.items() if name in family.adapted_components(family_cfg)),
         shapes=shapes,
         hidden_size=width if isinstance(width, int) else None,
-        num_layers=blocks if denoiser_name == "transformer" else None,
+        num_layers=layers if denoiser_name == "transformer" else None,
         experts=len(denoisers),
         guidance=guidance,
         profile=family.activation_profile,
         decode_batch_size=family.decode_batch_size,
+        largest_block_bytes=max(block_bytes, default=0),
+        non_block_bytes=denoiser_bytes - sum(block_bytes) if block_bytes else 0,
     )
+
+
+def _blocks(denoiser: Any) -> list[Any]:
+    """The blocks FSDP2 shards one by one (:func:`~rlrunner.cluster.parallelize.transformer_blocks`), none for a
+    denoiser that names none."""
+    from rlrunner.cluster.parallelize import transformer_blocks
+
+    try:
+        return transformer_blocks(denoiser)
+    except ValueError:
+        return []
 
 
 @dataclass(frozen=True)
@@ -302,11 +320,16 @@ def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpo
         Part("actor", "micro-batch inputs", 2 * sizes.latent_bytes(mb) + sizes.cond_bytes(mb),
              f"x0 + x_t fp32 and conditioning for {mb} samples", transient=True),
     ])
-    if shards > 1 and sizes.num_layers:
-        block = sizes.denoiser_bytes // (sizes.num_layers * sizes.experts)
-        plan.parts.append(Part("actor", "fsdp2 all-gathered blocks", 2 * block,
-                               "two unsharded blocks at a time (current + prefetch)", transient=True))
+    if shards > 1 and sizes.largest_block_bytes:
+        plan.parts.append(Part("actor", "fsdp2 all-gathered weights", 3 * sizes.largest_block_bytes + sizes.non_block_bytes,
+                               "3 largest blocks (current, prefetched, the next one's gather buffer) + the layers no "
+                               "block holds", transient=True))
     cp = geometry.actor_cp
+    if cp > 1 and sizes.hidden_size:
+        tokens = math.ceil(sizes.shapes.image_tokens / cp) + sizes.shapes.text_tokens * sizes.profile.text_in_sequence
+        plan.parts.append(Part("actor", "context-parallel all-to-all buffers",
+                               8 * mb * tokens * sizes.hidden_size * sizes.dtype.itemsize,
+                               "q, k, v and the attention output, sent and received (Ulysses)", transient=True))
     plan.activation_bytes = activation_bytes(sizes, mb, training=True, checkpointing=checkpointing,
                                              context_parallel_size=cp)
     plan.activation_detail = (f"training, micro-batch {mb}, gradient checkpointing "

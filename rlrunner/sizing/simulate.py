@@ -38,6 +38,8 @@ from rlrunner.utils.device import PRECISIONS
 
 #: what no recipe's simulation runs (named on screen and in the JSON)
 NOT_SIMULATED = (
+    ("weight_sync: the gathered adapter's copies that a device moves to host memory (.cpu()) count on the device, "
+     "where the simulation runs (an upper bound of that phase: up to 4 x one adapter)"),
     "eval rollouts: the rollout phase with the eval sampler's steps and the trained adapter; not run separately",
     ("env: the reward models are not run; their weights count at the sizes the plan gives them "
      "(Reward.device_memory), OCR engines not at all"),

@@ -5,6 +5,7 @@ Lives with the model-family tests for their tiny random-weight folders (``tiny_d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -199,11 +200,16 @@ def test_activation_profile_constants_by_hand():
 def test_fsdp2_shards_the_actor_over_its_ranks():
     geometry = StepGeometry(samples=16, group_size=4, rollout_workers=1, actor_ranks=4, rollout_rounds=1,
                             micro_batch_size=2, cfg_factor=1, num_logged_samples=4)
-    ddp = {p.name: p.nbytes for p in actor_plan(_toy_sizes(), geometry, "ddp", True).parts}
-    fsdp = {p.name: p.nbytes for p in actor_plan(_toy_sizes(), geometry, "fsdp2", True).parts}
+    sizes = _toy_sizes(largest_block_bytes=300, non_block_bytes=200)
+    ddp = {p.name: p.nbytes for p in actor_plan(sizes, geometry, "ddp", True).parts}
+    fsdp = {p.name: p.nbytes for p in actor_plan(sizes, geometry, "fsdp2", True).parts}
     assert ddp["denoiser base weights"] == 800 and fsdp["denoiser base weights"] == 200
     assert ddp["AdamW state"] == 2 * 10 * 4 and fsdp["AdamW state"] == 2 * 10 * 4 // 4
-    assert fsdp["fsdp2 all-gathered blocks"] == 2 * 800 // 2 and "fsdp2 all-gathered blocks" not in ddp
+    # the current block, the prefetched one and the next one's gather buffer, plus the layers no block holds
+    assert fsdp["fsdp2 all-gathered weights"] == 3 * 300 + 200 and "fsdp2 all-gathered weights" not in ddp
+    cp = {p.name: p.nbytes for p in actor_plan(sizes, dataclasses.replace(geometry, actor_cp=2), "fsdp2", True).parts}
+    # Ulysses: 8 tensors of micro-batch 2 x (4 / 2 image + 3 text tokens) x h 8 in bf16
+    assert cp["context-parallel all-to-all buffers"] == 8 * 2 * (2 + 3) * 8 * 2
 
 
 # ------------------------------------------------------------------------------ the command line
