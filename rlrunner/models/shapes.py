@@ -37,7 +37,7 @@ class SampleShapes:
 @dataclass(frozen=True)
 class ActivationProfile:
     """What a family's denoiser and VAE hold while they run, in the units the memory plan multiplies out
-    (:func:`rlrunner.sizing.memory.activation_bytes`, :func:`~rlrunner.sizing.memory.decode_bytes`).
+    (:func:`rlrunner.sizing.activations.activation_bytes`, :func:`~rlrunner.sizing.activations.decode_bytes`).
 
     A family's values are fixed from its full-size simulation (``bin/rlrunner plan --simulate``, recorded in
     ``bench/simulated_recipes.json``), the largest over its shipped recipes. A family that declares none gets the

@@ -11,7 +11,7 @@ The layout is the one the workers keep (after issue 14's data plane):
 * **env**: the reward models (``Reward.device_memory``: the CLIP-family scorers' weights in ``reward.precision``);
   the OCR engine is not counted (PaddleOCR on a GPU holds a few hundred MB).
 
-Activation memory is a formula (see :func:`activation_bytes`), not a measurement.
+Activation memory is a formula (:mod:`rlrunner.sizing.activations`), not a measurement.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from rlrunner.models import model_class
 from rlrunner.models.guidance import Guidance
 from rlrunner.models.shapes import ActivationProfile, SampleShapes
 from rlrunner.objectives import build_objective
+from rlrunner.sizing.activations import activation_bytes, decode_bytes
 from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
 from rlrunner.utils.device import PRECISIONS, resolve_dtype
 from rlrunner.utils.flat_state import sync_buffer_bytes
@@ -256,49 +257,6 @@ class ComponentPlan:
         steps = {p.step for p in transient if p.step}
         alone = [sum(p.nbytes for p in transient if p.step == step) for step in steps]
         return sum(p.nbytes for p in transient if not p.step) + max([self.activation_bytes or 0, *alone])
-
-
-def activation_bytes(sizes: ModelSizes, batch: int, *, training: bool, checkpointing: bool,
-                     context_parallel_size: int = 1) -> int | None:
-    """Formula estimate of the denoiser's activation memory for ``batch`` samples on one rank; None without a
-    transformer.
-
-    ``s`` = image tokens / ``cp`` (+ text tokens per sample where they join the blocks' sequence,
-    :attr:`ActivationProfile.text_in_sequence`; context parallelism over ``cp`` ranks splits the image tokens, and
-    Ulysses' all-to-all trades the sequence split for a head split, so q, k, v stay ``s / cp × h`` per rank; the
-    text is counted whole, an upper bound), ``h`` = hidden size, ``L`` = blocks, elements of the model dtype, with
-    the family's :class:`~rlrunner.models.shapes.ActivationProfile` ``sampling`` and ``training``:
-
-    * training with gradient checkpointing: ``L b s h`` (each block's input) + ``training b s h`` (the block being
-      recomputed in backward); without it: ``training L b s h``;
-    * inference (rollout): ``sampling b s h`` (one block at a time).
-
-    Excluded: the text encoders' forward, allocator fragmentation and the CUDA context (~0.5-1 GB per process);
-    the VAE decode is :func:`decode_bytes`.
-    """
-    if sizes.hidden_size is None or sizes.num_layers is None:
-        return None
-    profile = sizes.profile
-    per_rank = math.ceil(sizes.shapes.image_tokens / context_parallel_size)
-    per_rank += sizes.shapes.text_tokens if profile.text_in_sequence else 0
-    tokens = batch * per_rank * sizes.hidden_size
-    if not training:
-        elements = profile.sampling * tokens
-    elif checkpointing:
-        elements = (sizes.num_layers + profile.training) * tokens
-    else:
-        elements = profile.training * sizes.num_layers * tokens
-    return int(elements * sizes.dtype.itemsize)
-
-
-def decode_bytes(sizes: ModelSizes) -> int:
-    """The VAE decode's working memory: one decode call's samples (the family's ``decode_batch_size``), each a chunk
-    of ``decode_chunk_frames`` frames at :attr:`ActivationProfile.decode` bytes per pixel."""
-    pixels = sizes.shapes.pixels
-    frames = pixels[0] if len(pixels) == 4 else 1
-    height, width = pixels[-3], pixels[-2]
-    chunk = min(frames, sizes.profile.decode_chunk_frames)
-    return int(sizes.decode_batch_size * chunk * height * width * sizes.profile.decode)
 
 
 def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpointing: bool) -> ComponentPlan:

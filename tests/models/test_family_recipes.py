@@ -165,7 +165,7 @@ def test_sd35_large_recipe():
 @pytest.mark.parametrize(("name", "folder", "model_type"), [
     ("flux1_dev_nft_ocr", "flux.1-dev", "flux1"),
     ("sd35_large_nft_ocr", "stable-diffusion-3.5-large", "sd3"),
-    # both 14B experts, 480x832 x 81 frames: with actor and rollout context parallel over 4 devices (no CP: 87 GiB)
+    # both 14B experts, 480x832 x 81 frames: with actor and rollout context parallel over 4 devices (no CP: 116 GiB)
     ("wan22_t2v_a14b_nft_video_ocr", "wan2.2-t2v-a14b", "wan22_t2v_a14b"),
 ])
 def test_recipe_fits_eight_80gb_devices_by_the_plan(name, folder, model_type, capsys):

@@ -20,14 +20,13 @@ from rlrunner.commands.plan import device_peak, main
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import load_tiny_components
 from rlrunner.recipe import ModelConfig
+from rlrunner.sizing.activations import activation_bytes, decode_bytes
 from rlrunner.sizing.memory import (
     ComponentPlan,
     ModelSizes,
     Part,
     StepGeometry,
-    activation_bytes,
     actor_plan,
-    decode_bytes,
     model_sizes,
     rollout_plan,
 )

@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from simulate_recipes import RECIPE_FOLDERS, fingerprint, plan_overrides
+from simulate_recipes import RECIPE_FOLDERS, fingerprint, fit_table, plan_overrides
 
 from rlrunner.cluster.placement import parse_placement
 from rlrunner.cluster.resources import detect_devices_per_node
@@ -83,6 +83,15 @@ def test_recipe_fits_the_device_its_comment_names_by_the_simulation(recipe):
     for device in _entry(recipe)["simulation"]["devices"]:
         assert device["peak_gib"] <= device_gib, (f"{recipe} devices {device['device']}: {device['peak_gib']} GiB "
                                                   f"simulated at {device['peak_phase']}, {device_gib} GiB a device")
+
+
+def test_the_docs_table_is_the_record_beside_todays_formula():
+    table = fit_table(RECORD)
+    docs = (REPO / "docs" / "clusters.md").read_text().splitlines()
+    start = docs.index(table[0]) if table[0] in docs else -1
+    assert docs[start:start + len(table)] == table, (
+        "docs/clusters.md's 'Will it fit?' table is not what `bin/rlrunner python bench/simulate_recipes.py --table "
+        "bench/simulated_recipes.json` prints")
 
 
 @pytest.mark.slow
