@@ -26,7 +26,7 @@ import torch
 from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.build import folder_configs
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import SampleShapes
+from rlrunner.models.shapes import ActivationProfile, SampleShapes
 from rlrunner.models.tiny_text import load_tiny_components, target_text, tiny_velocity
 
 
@@ -81,6 +81,7 @@ class TinyFlowModel(FlowModel):
     """
 
     model_type = "tiny"
+    activation_profile = ActivationProfile(decode=0.0)  # pixel-space latents: decoding is a cast, there is no VAE
     settings_type = TinySettings
     pipeline_class_name = "StableDiffusionPipeline"
     lora_loader_class_name = "StableDiffusionLoraLoaderMixin"
