@@ -55,7 +55,6 @@ RECIPE_FOLDERS = {
     "zimage_nft_ocr": "z-image",
 }
 _DEVICES = re.compile(r"(\d+)\s*x\s*\d+\s*GB", re.IGNORECASE)
-_FORMULA_PEAK = re.compile(r"peak \(estimate\)\s+([\d.]+) (GiB|MiB)")
 TIMEOUT_S = 900
 
 
@@ -109,12 +108,6 @@ def _plan(recipe: str, *extra: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
 
 
-def formula_peak_gib(recipe: str) -> float:
-    """The largest per-device peak of the formula's plan (``bin/rlrunner plan``), GiB."""
-    peaks = [float(v) / (1024 if unit == "MiB" else 1) for v, unit in _FORMULA_PEAK.findall(_plan(recipe).stdout)]
-    return max(peaks, default=0.0)
-
-
 def simulate(recipe: str) -> tuple[dict | str, float]:
     """The ``--json`` object of the recipe's simulation (or its one-line error) and the seconds it took."""
     started = time.perf_counter()
@@ -140,7 +133,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=False).stdout.strip()
     for recipe in args.recipes:
-        formula = formula_peak_gib(recipe)
+        formula = max(formula_peaks(recipe).values()) / GIB
         result, seconds = simulate(recipe)
         recorded[recipe] = {"seconds": round(seconds),
                             "devices": recipe_devices(recipe), "folder": RECIPE_FOLDERS[recipe], "commit": commit,
