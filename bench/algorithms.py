@@ -17,8 +17,9 @@ size, batch, learning rate, EMA schedule), with held-out evals every 10 steps on
 2. **Run** each variant and seed with its steps (``--parallel 2`` runs two at a time: each run's phases are
    sequential on one torch thread, so two share the 2 cores; their wall clock is then longer than calibrated,
    which does not change their steps or results). Finished runs under ``--out`` are kept and not rerun.
-3. **Report** a markdown table (printed and written to ``--out``/table.md): steps, minutes (steps × calibrated
-   s/step, evals excluded), held-out reward every 10 steps and at the end, the gain, and means over seeds.
+3. **Report** two markdown tables (printed and written to ``--out``/table.md): each run's steps, minutes (steps ×
+   calibrated s/step, evals excluded), held-out reward every 10 steps and at the end, the gain, and means over
+   seeds; then a row per variant with its steps, s/step, each seed's gain and their mean.
 """
 
 from __future__ import annotations
@@ -183,9 +184,25 @@ def report(names: list[str], seeds: list[int], out: Path, seconds: dict[str, flo
             gains = [points[max(points)] - points[0] for _, points in done]
             lines.append(row(f"**{VARIANTS[name].description}: mean of {len(done)} seeds**", "", "", "", means, last,
                              statistics.mean(gains)))
-    table = "\n".join(lines)
-    print("\n" + table, flush=True)
-    return table
+    return "\n".join(lines)
+
+
+def gains(names: list[str], seeds: list[int], out: Path, seconds: dict[str, float]) -> str:
+    """A markdown table, a row per variant: its steps, seconds per step, each seed's held-out gain (blank: not
+    run) and their mean over the seeds run (blank for one)."""
+    lines = ["| variant | steps | s/step | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+             "|---" * (len(seeds) + 4) + "|"]
+    for name in names:
+        curves = [curve(out, name, seed) for seed in seeds]
+        done = [c[max(c)] - c[0] for c in curves if c]
+        if not done:
+            continue
+        per_step = seconds_of(name, seconds)
+        cells = [f"{c[max(c)] - c[0]:+.3f}" if c else "" for c in curves]
+        mean = f"{statistics.mean(done):+.3f}" if len(done) > 1 else ""
+        lines.append(f"| {VARIANTS[name].description} | {max(max(c) for c in curves if c)} | "
+                     f"{f'{per_step:.2f}' if per_step else ''} | " + " | ".join(cells) + f" | {mean} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -228,8 +245,9 @@ def main() -> None:
 
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             list(pool.map(run, jobs))
-    table = report(names, args.seeds, args.out, seconds)
-    (args.out / "table.md").write_text(table + "\n")
+    tables = [report(names, args.seeds, args.out, seconds), gains(names, args.seeds, args.out, seconds)]
+    print("\n" + "\n\n".join(tables), flush=True)
+    (args.out / "table.md").write_text("\n\n".join(tables) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""bench/algorithms.py's gains table, from run folders laid out as its runs leave them."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_algorithms", ROOT / "bench" / "algorithms.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_run(out: Path, name: str, seed: int, evals: dict[int, float]) -> None:
+    run_dir = out / "runs" / f"{name}-seed{seed}" / "20261206-000000-tiny_nft_ocr"
+    run_dir.mkdir(parents=True)
+    lines = [{"step": step, "train/reward": 0.5} for step in range(1, max(evals) + 1)]
+    lines += [{"step": step, "eval/avg": value} for step, value in evals.items()]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_gains_has_each_seeds_gain_its_mean_and_a_blank_for_a_seed_not_run(tmp_path):
+    bench = load_bench()
+    write_run(tmp_path, "nft_k2", 42, {0: 0.75, 10: 0.78, 20: 0.80})  # gain +0.050
+    write_run(tmp_path, "nft_k2", 1, {0: 0.74, 10: 0.70, 20: 0.77})  # gain +0.030
+    write_run(tmp_path, "nft_opt2", 42, {0: 0.75, 10: 0.70})  # gain -0.050, one seed: no mean
+    # `nft` has no runs here: no row
+    table = bench.gains(["nft", "nft_k2", "nft_opt2"], [42, 1, 2], tmp_path, {"nft": 5.0, "nft_k2": 7.0, "nft_opt2": 5.8})
+    lines = table.splitlines()
+    assert lines[0] == "| variant | steps | s/step | seed 42 | seed 1 | seed 2 | mean |"
+    k2 = bench.VARIANTS["nft_k2"].description
+    opt2 = bench.VARIANTS["nft_opt2"].description
+    assert lines[2:] == [f"| {k2} | 20 | 7.00 | +0.050 | +0.030 |  | +0.040 |",
+                         f"| {opt2} | 10 | 5.80 | -0.050 |  |  |  |"]
