@@ -194,11 +194,12 @@ def gains(names: list[str], seeds: list[int], out: Path, seconds: dict[str, floa
              "|---" * (len(seeds) + 4) + "|"]
     for name in names:
         curves = [curve(out, name, seed) for seed in seeds]
-        done = [c[max(c)] - c[0] for c in curves if c]
+        gained = [c[max(c)] - c[0] if c else None for c in curves]
+        done = [g for g in gained if g is not None]
         if not done:
             continue
         per_step = seconds_of(name, seconds)
-        cells = [f"{c[max(c)] - c[0]:+.3f}" if c else "" for c in curves]
+        cells = ["" if g is None else f"{g:+.3f}" for g in gained]
         mean = f"{statistics.mean(done):+.3f}" if len(done) > 1 else ""
         lines.append(f"| {VARIANTS[name].description} | {max(max(c) for c in curves if c)} | "
                      f"{f'{per_step:.2f}' if per_step else ''} | " + " | ".join(cells) + f" | {mean} |")
