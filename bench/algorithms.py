@@ -5,6 +5,8 @@
     bin/rlrunner python bench/algorithms.py --variants awm_shuffle --seeds 42 1 2 --max-steps 40   # CI's control
     bin/rlrunner python bench/algorithms.py --calibrate-only             # seconds per step of each variant
     bin/rlrunner python bench/algorithms.py --report-only --seeds 42 1 2  # the table of finished runs (table.md)
+    bin/rlrunner python bench/algorithms.py --variants awm nft_now nft_beta0.03_kl --seeds 42 1 2 --parallel 2 \
+        --steps awm=83 nft_now=100 nft_beta0.03_kl=94    # the README's comparison, at the recipes' step budgets
 
 Everything but the variant's overrides is the shipped ``tiny_nft_ocr`` recipe (model, prompts, OCR reward, group
 size, batch, learning rate, EMA schedule), with held-out evals every 10 steps on 128 prompts with fixed noise.
@@ -17,9 +19,12 @@ size, batch, learning rate, EMA schedule), with held-out evals every 10 steps on
 2. **Run** each variant and seed with its steps (``--parallel 2`` runs two at a time: each run's phases are
    sequential on one torch thread, so two share the 2 cores; their wall clock is then longer than calibrated,
    which does not change their steps or results). Finished runs under ``--out`` are kept and not rerun.
+   ``--steps VARIANT=N`` gives a variant its steps instead: the shipped recipes' ``runner.max_steps`` are such a
+   budget, calibrated once on a quiet machine (a calibration on a shared one moves with its load).
 3. **Report** two markdown tables (printed and written to ``--out``/table.md): each run's steps, minutes (steps ×
    calibrated s/step, evals excluded), held-out reward every 10 steps and at the end, the gain, and means over
-   seeds; then a row per variant with its steps, s/step, each seed's gain and their mean.
+   seeds; then a row per variant with its steps, s/step, each seed's gain and their mean; above them, the date, the
+   lock's hash, the torch build, the CPU and the commit (bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from provenance import provenance  # bench/ is not a package: imported by path
+
 RECIPE = "tiny_nft_ocr"
 SHIPPED_STEPS = 100  # the NFT recipe's runner.max_steps: the budget is these steps at the `nft` variant's speed
 EVAL_EVERY = 10
@@ -206,6 +214,17 @@ def gains(names: list[str], seeds: list[int], out: Path, seconds: dict[str, floa
     return "\n".join(lines)
 
 
+def fixed_steps(items: list[str], parser: argparse.ArgumentParser) -> dict[str, int]:
+    """``--steps awm=83 ...`` as {variant: steps}; a bad item is a usage error that names it."""
+    steps = {}
+    for item in items:
+        name, _, count = item.partition("=")
+        if name not in VARIANTS or not count.isdigit() or int(count) < 1:
+            parser.error(f"--steps {item!r}: expected VARIANT=N with N >= 1 and VARIANT one of the --variants choices")
+        steps[name] = int(count)
+    return steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
@@ -215,24 +234,31 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=0, help="stop each run here (a control up to CI's length)")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run that leave training as it is "
                         "(e.g. runner.save_interval=75 to resume from there with more evals)")
+    parser.add_argument("--steps", nargs="*", default=[], metavar="VARIANT=N",
+                        help="a variant's steps instead of its calibrated share of the budget (a recipe's max_steps)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_runs" / "algorithms")
     parser.add_argument("--calibrate-only", action="store_true")
     parser.add_argument("--report-only", action="store_true", help="reuse the calibration and runs under --out")
     args = parser.parse_args()
-    names = list(dict.fromkeys(["nft", *args.variants]))  # the `nft` variant sets the budget
+    fixed = fixed_steps(args.steps, parser)
+    calibrated = [name for name in args.variants if name not in fixed]
+    # the `nft` variant's seconds per step set the budget of every variant whose steps are not given
+    names = list(dict.fromkeys(["nft", *calibrated])) if calibrated or args.calibrate_only else []
     calibration = args.out / "calibration.json"
     seconds = json.loads(calibration.read_text()) if calibration.is_file() else {}
     missing = [name for name in names if seconds_of(name, seconds) is None]
     if missing and not args.report_only:
         print(f"calibrating ({args.calibration_steps} steps each):", flush=True)
         seconds = calibrate(missing, args.calibration_steps, args.out)
-    names = [name for name in names if seconds_of(name, seconds) is not None]
-    budget = {name: max(1, round(SHIPPED_STEPS * seconds["nft"] / seconds_of(name, seconds))) for name in names}
-    print("steps within the budget of " + f"{SHIPPED_STEPS} NFT steps ({SHIPPED_STEPS * seconds['nft'] / 60:.1f} "
-          "min): " + ", ".join(f"{name} {budget[name]}" for name in names), flush=True)
+    budget = {name: max(1, round(SHIPPED_STEPS * seconds["nft"] / seconds_of(name, seconds)))
+              for name in names if seconds_of(name, seconds) is not None}
+    if budget:
+        print("steps within the budget of " + f"{SHIPPED_STEPS} NFT steps ({SHIPPED_STEPS * seconds['nft'] / 60:.1f} "
+              "min): " + ", ".join(f"{name} {budget[name]}" for name in budget), flush=True)
+    budget.update(fixed)
     if args.calibrate_only:
         return
-    names = [n for n in names if n in args.variants]
+    names = [n for n in args.variants if n in budget]
     if not args.report_only:
         jobs = [(name, seed) for name in names for seed in args.seeds if not run_dir_of(args.out, name, seed).exists()]
 
@@ -246,7 +272,8 @@ def main() -> None:
 
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             list(pool.map(run, jobs))
-    tables = [report(names, args.seeds, args.out, seconds), gains(names, args.seeds, args.out, seconds)]
+    tables = [f"Measured {provenance()}: `bin/rlrunner python bench/algorithms.py {' '.join(sys.argv[1:])}`",
+              report(names, args.seeds, args.out, seconds), gains(names, args.seeds, args.out, seconds)]
     print("\n" + "\n\n".join(tables), flush=True)
     (args.out / "table.md").write_text("\n\n".join(tables) + "\n")
 

@@ -37,3 +37,26 @@ def test_gains_has_each_seeds_gain_its_mean_and_a_blank_for_a_seed_not_run(tmp_p
     opt2 = bench.VARIANTS["nft_opt2"].description
     assert lines[2:] == [f"| {k2} | 20 | 7.00 | +0.050 | +0.030 |  | +0.040 |",
                          f"| {opt2} | 10 | 5.80 | -0.050 |  |  |  |"]
+
+
+def test_steps_given_per_variant_are_parsed_and_a_bad_one_is_named(capsys):
+    import argparse
+
+    import pytest
+
+    bench = load_bench()
+    parser = argparse.ArgumentParser()
+    assert bench.fixed_steps(["awm=83", "nft_now=100"], parser) == {"awm": 83, "nft_now": 100}
+    for bad in ("awm", "awm=0", "nope=5"):
+        with pytest.raises(SystemExit):
+            bench.fixed_steps([bad], parser)
+        assert f"--steps {bad!r}: expected VARIANT=N" in capsys.readouterr().err
+
+
+def test_the_tables_are_stamped_with_the_lock_and_the_torch_build():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from provenance import lock_hash, provenance
+
+    stamp = provenance()
+    assert f", lock {lock_hash()}, torch " in stamp and ", commit " in stamp
+    assert len(lock_hash()) == 12

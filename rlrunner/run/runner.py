@@ -42,6 +42,7 @@ from rlrunner.step.sample_order import TrainPlan
 from rlrunner.step.shares import reward_slices, split_evenly
 from rlrunner.tracking.console import eval_line, report_step, run_summary
 from rlrunner.tracking.logger import RunLogger, StepTimer
+from rlrunner.utils.device import precision_fallback_note
 from rlrunner.utils.seeding import derive_seed
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
@@ -81,7 +82,11 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
                                      algorithm_cfg=alg, context_parallel_size=cfg.rollout.context_parallel_size)
         self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env, run.watch))
         self.watch = Watch(cfg, self.log_dir)  # the reward-hacking watch (rlrunner/run/watch.py)
-        write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
+        placed = write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
+        note = precision_fallback_note(cfg.actor.model.precision, cfg.actor.model.half_precision_on_cpu,
+                                       {e["component"]: e["device"] for e in placed if e["component"] != "env"})
+        if note:
+            print(note, file=sys.stderr, flush=True)
         self.env.call("set_prompt_metadata", {split: data.metadata for split, data in datasets.items()})
         self.step = 0
         self.progress: tqdm | None = None  # the training progress bar, while fit() runs

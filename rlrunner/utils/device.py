@@ -48,6 +48,21 @@ def resolve_dtype(precision: str, device: torch.device, half_on_cpu: bool = Fals
     return torch.float32 if device.type == "cpu" and not half_on_cpu else PRECISIONS[precision]
 
 
+def precision_fallback_note(precision: str, half_on_cpu: bool, devices: Mapping[str, str]) -> str | None:
+    """One line for the start of a run whose model asks for a half precision that its workers cannot have: the
+    workers that found no accelerator compute in fp32 on the CPU (:func:`resolve_dtype`); None when all is as asked.
+
+    ``devices``: each model-holding component's device as its workers report it (``{"actor": "cpu", ...}``).
+    """
+    on_cpu = sorted(role for role, device in devices.items() if device == "cpu")
+    if precision == "fp32" or half_on_cpu or not on_cpu:
+        return None
+    return (f"rlrunner: actor.model.precision is {precision} but the {' and '.join(on_cpu)} worker(s) found no "
+            f"accelerator (torch {torch.__version__} sees no CUDA or NPU device): they compute in fp32 on the CPU "
+            "instead; for a GPU install a CUDA build of torch (docs/install.md), and set actor.model.device: cuda to "
+            "make a missing GPU an error, or actor.model.precision: fp32 to run on the CPU as intended")
+
+
 def ray_device_index(accelerator_ids: Mapping[str, list[str]], environ: Mapping[str, str]) -> tuple[str, int] | None:
     """The torch device (kind, index) of the accelerator Ray assigned to this worker, where Ray left the visible
     devices alone (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` set, as Ray reads it: any non-empty value); None

@@ -47,8 +47,8 @@ def test_half_precision_on_cpu_keeps_bf16_for_the_base_and_float32_for_lora(tiny
     assert resolve_dtype("bf16", cpu) == torch.float32  # the default: half precision falls back to fp32 on CPU
 
 
-def _launch(model_type: str, model_path: Path, log_root: Path, half_on_cpu: bool) -> tuple[Path, list[dict]]:
-    """The family recipe through run_diffusion.sh at ``precision: bf16``; the run folder and its metrics."""
+def _launch(model_type: str, model_path: Path, log_root: Path, half_on_cpu: bool) -> tuple[Path, list[dict], str]:
+    """The family recipe through run_diffusion.sh at ``precision: bf16``; the run folder, its metrics and stderr."""
     recipe, family = RECIPES[model_type]
     prefix = f"actor.model.{model_type}"
     overrides = [f"actor.model.model_path={model_path}", "actor.model.device=cpu", "actor.model.precision=bf16",
@@ -62,12 +62,14 @@ def _launch(model_type: str, model_path: Path, log_root: Path, half_on_cpu: bool
                             env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = log_root.iterdir()
-    return run_dir, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return (run_dir, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()],
+            result.stderr)
 
 
 @pytest.mark.parametrize("model_type", list(RECIPES))  # 2 runs of about 5 s each
 def test_family_recipe_trains_two_bf16_steps_on_cpu_through_the_launcher(model_type, tiny_dirs, tmp_path):
-    run_dir, records = _launch(model_type, tiny_dirs(model_type), tmp_path / "bf16", half_on_cpu=True)
+    run_dir, records, stderr = _launch(model_type, tiny_dirs(model_type), tmp_path / "bf16", half_on_cpu=True)
+    assert "found no accelerator" not in stderr  # bf16 as asked: nothing to say
     steps = [r for r in records if "train/actor/nft_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -76,6 +78,20 @@ def test_family_recipe_trains_two_bf16_steps_on_cpu_through_the_launcher(model_t
     assert any("eval/avg" in r for r in records)
     assert (run_dir / "checkpoints/global_step_2/adapter").is_dir()
     # the same command without the flag computes in fp32 (the CPU default): other numbers, so bf16 really ran
-    _, fp32 = _launch(model_type, tiny_dirs(model_type), tmp_path / "fp32", half_on_cpu=False)
+    _, fp32, stderr = _launch(model_type, tiny_dirs(model_type), tmp_path / "fp32", half_on_cpu=False)
+    # ... and says so at start, in one line: what it does instead and how to choose
+    (note,) = [line for line in stderr.splitlines() if "found no accelerator" in line]
+    assert note.startswith("rlrunner: actor.model.precision is bf16 but the actor and rollout worker(s) found no")
+    assert "compute in fp32 on the CPU instead" in note and "actor.model.device: cuda" in note
     fp32_losses = [r["train/actor/nft_loss"] for r in fp32 if "train/actor/nft_loss" in r]
     assert len(fp32_losses) == 2 and fp32_losses[0] != steps[0]["train/actor/nft_loss"]
+
+
+def test_the_fallback_note_names_the_workers_on_the_cpu_and_nothing_when_all_is_as_asked():
+    from rlrunner.utils.device import precision_fallback_note
+
+    note = precision_fallback_note("fp16", False, {"actor": "cuda:0", "rollout": "cpu"})
+    assert note.startswith("rlrunner: actor.model.precision is fp16 but the rollout worker(s) found no accelerator")
+    assert precision_fallback_note("fp32", False, {"actor": "cpu", "rollout": "cpu"}) is None
+    assert precision_fallback_note("bf16", True, {"actor": "cpu", "rollout": "cpu"}) is None  # bf16 kept on the CPU
+    assert precision_fallback_note("bf16", False, {"actor": "cuda:0", "rollout": "cuda:1"}) is None
