@@ -17,7 +17,7 @@ RLRUNNER_LOCK_PLATFORM="CPython 3.11 Linux x86_64"
 RLRUNNER_REQS=("$ROOT/requirements/core.txt" "$ROOT/requirements/dev.txt" "$ROOT/requirements/docs.txt")
 RLRUNNER_REQ_FILES=("$RLRUNNER_LOCK" "${RLRUNNER_REQS[@]}" "$ROOT/requirements/common.txt"
                     "$ROOT/requirements/loggers.txt")
-# Modules a run imports; an OCR engine is either RapidOCR (CPU) or PaddleOCR (GPU).
+# Modules a run imports; an OCR engine is either RapidOCR (every requirement set) or PaddleOCR (installed by hand).
 RLRUNNER_PROBE='import torch, diffusers, peft, transformers, omegaconf, ray, tensorboard, PIL, imageio, Levenshtein
 try:
     import rapidocr

@@ -4,13 +4,17 @@ Both engines run the PP-OCR detector + recogniser with the settings of the refer
 used by flow_grpo / DiffusionNFT): no text-line orientation classifier, detector input limited to a longest
 side of 960 px (``limit_type: max``; a 512 px image is not upscaled), lines below confidence 0.5 dropped.
 
-- ``paddleocr``: the reference engine (``requirements/gpu.txt``). PaddleOCR 3.x API, and the 2.x API, with the
-  models of ``reward.ocr_version`` named explicitly (:data:`PADDLE_MODELS`; PaddleOCR 3.x alone would pick
-  PP-OCRv5). It downloads its models on first use, so it needs network access or a warm model cache.
-- ``rapidocr``: RapidOCR 3.x (``requirements/core.txt``): the same PP-OCR models as ONNX, shipped inside
-  the wheel, so it runs offline. We use ``rapidocr`` (with ``opencv-python-headless``), not
-  ``rapidocr-onnxruntime``, which pulls ``opencv-python`` and clashes with the headless build.
-- ``auto``: PaddleOCR when it is installed and builds, else RapidOCR.
+- ``paddleocr``: the engine the published DiffusionNFT / flow_grpo curves were scored with. PaddleOCR 3.x API, and
+  the 2.x API, with the models of ``reward.ocr_version`` named explicitly (:data:`PADDLE_MODELS`; PaddleOCR 3.x alone
+  would pick PP-OCRv5). It downloads its models on first use, so it needs network access or a warm model cache. No
+  requirement set installs it: Paddle's GPU builds pin CUDA libraries other than torch's (``requirements/gpu.txt``
+  says how to install it in an environment of its own).
+- ``rapidocr``: RapidOCR 3.x: the same PP-OCR models as ONNX, shipped inside the wheel, so it runs offline. On ONNX
+  Runtime's CPU build (``requirements/core.txt``, ``npu.txt``) or its CUDA build (``requirements/gpu.txt``:
+  ``onnxruntime-gpu``, used with ``reward.use_gpu: true``; its CUDA provider links the CUDA 13 and cuDNN 9 libraries
+  that torch, imported before any engine is built, has loaded). We use ``rapidocr`` (with ``opencv-python-headless``),
+  not ``rapidocr-onnxruntime``, which pulls ``opencv-python`` and clashes with the headless build.
+- ``auto``: PaddleOCR when it is installed and builds, else RapidOCR (so RapidOCR with every requirement set).
 
 Heavy imports happen only inside the engine constructors. All engines take RGB uint8 ``[H, W, 3]`` arrays.
 """
@@ -81,8 +85,10 @@ ENGINES: dict[str, EngineBuilder] = {}
 #: Packages whose presence makes an engine a candidate for ``engine: auto``, best first.
 AUTO_ORDER: tuple[tuple[str, str], ...] = (("paddleocr", "paddleocr"), ("rapidocr", "rapidocr"))
 INSTALL_HINT = {
-    "rapidocr": "pip install rapidocr onnxruntime opencv-python-headless  (listed in requirements/core.txt)",
-    "paddleocr": "pip install paddleocr paddlepaddle-gpu  (listed in requirements/gpu.txt)",
+    "rapidocr": "pip install rapidocr onnxruntime opencv-python-headless  (requirements/core.txt; on a GPU "
+                "onnxruntime-gpu instead of onnxruntime: requirements/gpu.txt)",
+    "paddleocr": "pip install paddleocr paddlepaddle  (CPU; Paddle's GPU build, in an environment of its own: "
+                 "requirements/gpu.txt)",
 }
 
 
