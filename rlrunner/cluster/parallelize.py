@@ -32,6 +32,7 @@ Which samples each rank trains on, and in what order, is the contract of :mod:`r
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,7 +88,7 @@ class DDPEngine(Engine):
         # LoRA tensor gets a gradient in every backward (a family leaves no adapter where the model discards the
         # output, and an idle expert gets a zero one: tests/models/test_family_parallel.py), so no unused-parameter
         # search per step
-        self.ddp = nn.parallel.DistributedDataParallel(_TrainedVelocity(model), forward_sync_buffers=False)
+        self.ddp = nn.parallel.DistributedDataParallel(_TrainedVelocity(model), **_no_forward_buffer_sync())
 
     def velocity(self, latents: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.ddp(latents, t, cond)
@@ -139,6 +140,16 @@ class FSDP2Engine(Engine):
 
 
 ENGINES: dict[str, type[Engine]] = {"ddp": DDPEngine, "fsdp2": FSDP2Engine}
+
+
+def _no_forward_buffer_sync() -> dict[str, bool]:
+    """The keyword that stops the installed torch's DDP from broadcasting buffers before every forward:
+    ``forward_sync_buffers=False`` where DDP has it (torch 2.13 added it and deprecates the other with a
+    FutureWarning), else ``broadcast_buffers=False`` (older torch, 2.11 among them), which also skips the buffers'
+    broadcast when DDP is built; either way the parameters are broadcast from rank 0 then, and the buffers are the
+    same on every rank already (tests/cluster/test_ddp_versions.py)."""
+    accepted = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in accepted else {"broadcast_buffers": False}
 
 
 def _gather_once(transformer: nn.Module) -> None:
