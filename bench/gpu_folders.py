@@ -96,11 +96,27 @@ def thin_text_encoder(class_name: str, config: dict[str, Any], tokenizer: Any) -
     return getattr(transformers, class_name)(encoder_config)
 
 
-def build_folder(source: Path, out: Path, *, device: torch.device, num_layers: int | None = None) -> Path:
+def write_configs(pipe: Any, out: Path) -> Path:
+    """``pipe``'s ``model_index.json`` and each component's config and tokenizer files, no weights: what
+    ``bin/rlrunner plan --simulate`` reads, with the configs ``save_pretrained`` would write."""
+    pipe.save_config(out)
+    for name, component in pipe.components.items():
+        if hasattr(component, "save_config"):  # diffusers models and schedulers
+            component.save_config(out / name)
+        elif hasattr(getattr(component, "config", None), "save_pretrained"):  # transformers models
+            component.config.save_pretrained(out / name)
+        elif hasattr(component, "save_pretrained"):  # tokenizers
+            component.save_pretrained(out / name)
+    return out
+
+
+def build_folder(source: Path, out: Path, *, device: torch.device, num_layers: int | None = None,
+                 configs_only: bool = False) -> Path:
     """Write the pipeline of ``source`` (model_index.json + <component>/config.json) with random weights to ``out``.
 
     ``num_layers`` replaces the denoiser's block count, of each expert of a two-expert model (None keeps the
-    config's).
+    config's). ``configs_only``: the same pipeline built on the meta device, its config files written and no weights
+    (bench/gpu_prepare.py simulates the device check's folders so, before any GPU is at hand).
     """
     import diffusers
 
@@ -109,7 +125,7 @@ def build_folder(source: Path, out: Path, *, device: torch.device, num_layers: i
     parts: dict[str, Any] = {}
     encoders = {name: spec for name, spec in index.items() if name.startswith("text_encoder") and spec[0]}
     torch.manual_seed(0)
-    with torch.device(device):
+    with torch.device("meta" if configs_only else device):
         for name, (library, class_name) in encoders.items():
             config = read_config(source / name)
             tokenizer = tokenizer_for(index[name.replace("text_encoder", "tokenizer")][1], config)
@@ -126,6 +142,8 @@ def build_folder(source: Path, out: Path, *, device: torch.device, num_layers: i
         if not name.startswith("_") and name not in parts:
             parts[name] = None if isinstance(value, list) else value
     pipe = getattr(diffusers, pipeline_class)(**parts)
+    if configs_only:
+        return write_configs(pipe, out)
     pipe.save_pretrained(out)
     return out
 
@@ -139,16 +157,17 @@ def family_sources(tiny: bool, workdir: Path) -> dict[str, Path]:
 
 
 def build_all(out: Path, *, tiny: bool, device: torch.device, layers: dict[str, int] | None = None,
-              families: tuple[str, ...] = tuple(SOURCES)) -> dict[str, Path]:
-    """Every family's folder under ``out/<family>``, ``layers[family]`` denoiser blocks where given; prints one line
-    per folder."""
+              families: tuple[str, ...] = tuple(SOURCES), configs_only: bool = False) -> dict[str, Path]:
+    """Every family's folder under ``out/<family>``, ``layers[family]`` denoiser blocks where given (``configs_only``:
+    config files, no weights); prints one line per folder."""
     layers = layers or {}
     with tempfile.TemporaryDirectory() as scratch:
         sources = family_sources(tiny, Path(scratch))
         built = {}
         for family in families:
             start = time.perf_counter()
-            built[family] = build_folder(sources[family], out / family, device=device, num_layers=layers.get(family))
+            built[family] = build_folder(sources[family], out / family, device=device, num_layers=layers.get(family),
+                                         configs_only=configs_only)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             print(f"gpu_folders: {family} -> {built[family]} in {time.perf_counter() - start:.0f}s", flush=True)

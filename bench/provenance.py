@@ -1,9 +1,13 @@
 """Where a measured figure comes from, in one line for the table beside it: the date, the lock's hash, the torch
 build, the CPU and the commit. A figure reproduces in the same lock with the same torch build on the same kind of CPU
-(docs/install.md "The lock")."""
+(docs/install.md "The lock").
+
+    bin/rlrunner python bench/provenance.py      # the stamp of this checkout and environment, as the tables print it
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
 import os
@@ -35,3 +39,8 @@ def provenance() -> str:
                             check=False).stdout.strip()
     return (f"{time.strftime('%Y-%m-%d')}, lock {lock_hash()}, torch {importlib.metadata.version('torch')}, "
             f"{cpu_model()} x {os.cpu_count()}, commit {commit or 'unknown'}")
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    print(provenance())

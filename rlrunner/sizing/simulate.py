@@ -201,10 +201,13 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
                                     denoiser_on_host=denoiser_on_host)
 
     world = geometry.actor_ranks
-    if str(actor_cfg.strategy) == "ddp" and world > 1 and geometry.actor_cp == 1:
-        # DDP's reducer cannot complete its all-reduce on the fake backend; a DDP rank holds what one device does
+    if str(actor_cfg.strategy) == "ddp" and geometry.actor_cp == 1 and (world > 1 or actor_cfg.one_rank_group):
+        # DDP's reducer cannot complete its all-reduce of fake tensors, on the fake backend nor over a real group of
+        # one rank (actor.one_rank_group); a DDP rank holds what one device does
+        ranks = f"{world} ranks" if world > 1 else "a one-rank group (actor.one_rank_group)"
         world = 1
-        run.not_simulated.append(f"actor.strategy=ddp over {geometry.actor_ranks} ranks: simulated as one rank "
+        actor_cfg = OmegaConf.merge(actor_cfg, {"one_rank_group": False})
+        run.not_simulated.append(f"actor.strategy=ddp over {ranks}: simulated as one rank "
                                  f"(DDP's gradient buckets, about the trained adapter's gradients, not counted)")
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_process_group(world))

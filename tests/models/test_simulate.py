@@ -182,3 +182,18 @@ def test_a_tied_weight_stays_one_tensor_counted_once():
     materialize(model, FakeTensorMode(allow_non_fake_inputs=True), tracker)
     assert model["head"].weight is model["shared"].weight and not model["shared"].weight.is_meta
     assert tracker.totals["parameters"] == 10 * 4 * 4
+
+
+def test_ddp_over_a_one_rank_group_is_simulated_as_one_rank(family_recipe):
+    """``actor.one_rank_group`` with DDP (bench/gpu_check.sh's ddp part): DDP's reducer cannot all-reduce fake tensors
+    over the real group of one rank, so that rank is simulated as one rank without DDP, as DDP over several ranks is,
+    and the simulation says so."""
+    runs = {}
+    for grouped in ("false", "true"):
+        cfg = family_recipe("flux1", "actor.model.precision=bf16", "actor.micro_batch_size=2", "actor.strategy=ddp",
+                            "actor.global_batch_size=4", f"actor.one_rank_group={grouped}")
+        _, train = simulate_rollout(cfg, GEOMETRY)
+        runs[grouped] = simulate_actor(cfg, GEOMETRY, train)
+    assert _phase_bytes(runs["true"]) == _phase_bytes(runs["false"])
+    assert any("ddp over a one-rank group" in line for line in runs["true"].not_simulated)
+    assert not torch.distributed.is_initialized()  # no group was formed for the simulation
