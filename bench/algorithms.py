@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from provenance import provenance  # bench/ is not a package: imported by path
@@ -159,10 +161,15 @@ def run_dir_of(out: Path, name: str, seed: int) -> Path:
 
 
 def curve(out: Path, name: str, seed: int) -> dict[int, float]:
-    """Held-out reward by step of a finished run ({} if it has not run)."""
+    """Held-out reward by step of a finished run ({} if it has not run, or is still running: its last eval is not at
+    its config's ``runner.max_steps``)."""
     logs = run_dir_of(out, name, seed)
     found = [p for p in logs.iterdir() if p.is_dir()] if logs.is_dir() else []
-    return {r["step"]: r["eval/avg"] for r in records(found[0]) if "eval/avg" in r} if found else {}
+    points = {r["step"]: r["eval/avg"] for r in records(found[0]) if "eval/avg" in r} if found else {}
+    config = found[0] / "config.yaml" if found else None
+    if points and config and config.is_file() and max(points) < OmegaConf.load(config).runner.max_steps:
+        return {}
+    return points
 
 
 def report(names: list[str], seeds: list[int], out: Path, seconds: dict[str, float]) -> str:
@@ -272,7 +279,11 @@ def main() -> None:
 
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             list(pool.map(run, jobs))
-    tables = [f"Measured {provenance()}: `bin/rlrunner python bench/algorithms.py {' '.join(sys.argv[1:])}`",
+    # the command that ran them (a --report-only call reports the runs of an earlier one)
+    command = args.out / "command.txt"
+    if not args.report_only or not command.is_file():
+        command.write_text(f"bin/rlrunner python bench/algorithms.py {' '.join(sys.argv[1:])}\n")
+    tables = [f"Measured {provenance()}: `{command.read_text().strip()}`",
               report(names, args.seeds, args.out, seconds), gains(names, args.seeds, args.out, seconds)]
     print("\n" + "\n\n".join(tables), flush=True)
     (args.out / "table.md").write_text("\n\n".join(tables) + "\n")

@@ -60,3 +60,13 @@ def test_the_tables_are_stamped_with_the_lock_and_the_torch_build():
     stamp = provenance()
     assert f", lock {lock_hash()}, torch " in stamp and ", commit " in stamp
     assert len(lock_hash()) == 12
+
+
+def test_a_run_still_running_is_left_out_of_the_tables(tmp_path):
+    bench = load_bench()
+    write_run(tmp_path, "awm", 42, {0: 0.75, 10: 0.78})
+    (run_dir,) = (tmp_path / "runs" / "awm-seed42").iterdir()
+    (run_dir / "config.yaml").write_text("runner:\n  max_steps: 83\n")  # evals up to step 10 of 83: still running
+    assert bench.curve(tmp_path, "awm", 42) == {}
+    (run_dir / "config.yaml").write_text("runner:\n  max_steps: 10\n")
+    assert bench.curve(tmp_path, "awm", 42) == {0: 0.75, 10: 0.78}
