@@ -88,7 +88,7 @@ def main() -> int:
         return 0
     problems, extras = differences(args.lock)
     if extras and args.remove_extras:
-        print(f"lock_check: uninstalling what {args.lock.name} no longer holds: {' '.join(extras)}", flush=True)
+        print(f"lock_check: uninstalling what is neither in {args.lock.name} nor required by torch: {' '.join(extras)}", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "--yes", "--quiet", *extras], check=True)
         problems, extras = differences(args.lock)
     consistent = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
