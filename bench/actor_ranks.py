@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/family_helpers.py
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))  # tests/helpers/family_helpers.py
 
 import torch
 from family_helpers import encode_prompt_batch, make_noise

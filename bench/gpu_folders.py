@@ -1,14 +1,14 @@
 """Random-weight diffusers pipeline folders for bench/gpu_check.sh, with nothing downloaded.
 
 Each folder is built from a config-only folder: ``bench/model_configs/<name>/`` (the published checkpoints' configs)
-at real size, or, with ``--tiny``, the tiny pipelines of the model tests (tests/models/conftest.py). The same code
+at real size, or, with ``--tiny``, the tiny pipelines of the model tests (tests/helpers/tiny_pipelines.py). The same code
 builds both; only the configs differ:
 
 * the denoiser and the VAE at their configured size (Qwen-Image: ``--qwen-layers`` of its 60 blocks, to fit the
   time of a device check), random weights;
 * every text encoder thinned to one layer over a small in-memory vocabulary, keeping its real output widths, so
   the conditioning has the shapes the denoiser expects at a fraction of the size;
-* tokenizers built in memory (tests/family_helpers.py), a default scheduler of the pipeline's class.
+* tokenizers built in memory (tests/helpers/family_helpers.py), a default scheduler of the pipeline's class.
 
 Weights are created on ``--device`` (a GPU initialises 20 GB in seconds) and saved with the pipeline's own
 ``save_pretrained``: denoiser and text encoders in bf16, VAE in fp32, as rlrunner loads them.
@@ -20,7 +20,6 @@ Weights are created on ``--device`` (a GPU initialises 20 GB in seconds) and sav
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "tests"))  # tests/family_helpers.py: the in-memory tokenizers
+sys.path.insert(1, str(ROOT / "tests" / "helpers"))  # tests/helpers/family_helpers.py: the in-memory tokenizers
 CONFIGS = ROOT / "bench" / "model_configs"
 #: family -> config-only folder of the published checkpoint under bench/model_configs/
 SOURCES = {"sd3": "stable-diffusion-3.5-medium", "wan22_ti2v_5b": "wan2.2-ti2v-5b", "qwen_image": "qwen-image",
@@ -51,11 +50,11 @@ LAYER_KEYS = ("num_hidden_layers", "num_layers", "depth")
 
 
 def tiny_pipelines() -> Any:
-    """The model tests' tiny writers and settings (tests/models/conftest.py, which needs pytest), imported by path."""
-    spec = importlib.util.spec_from_file_location("rlrunner_tiny_pipelines", ROOT / "tests/models/conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The model tests' tiny writers and settings (tests/helpers/tiny_pipelines.py), imported when asked for: only
+    ``--tiny`` needs them."""
+    import tiny_pipelines
+
+    return tiny_pipelines
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -63,7 +62,7 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def tokenizer_for(class_name: str, encoder_config: dict[str, Any]) -> Any:
-    """An in-memory tokenizer of ``class_name`` (tests/family_helpers.py; no hub access)."""
+    """An in-memory tokenizer of ``class_name`` (tests/helpers/family_helpers.py; no hub access)."""
     import family_helpers
 
     if class_name == "CLIPTokenizer":

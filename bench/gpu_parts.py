@@ -70,7 +70,7 @@ BATCHES = {"full": {"sd3_nft_ocr": Batches(24, 8), "wan22_ti2v_5b_nft_video_ocr"
 
 
 def tiny_family(model_type: str) -> dict[str, Any]:
-    """The model tests' settings of the tiny pipelines (tests/models/conftest.py); num_frames stays the recipe's."""
+    """The model tests' settings of the tiny pipelines (tests/helpers/tiny_pipelines.py); num_frames stays the recipe's."""
     from gpu_folders import tiny_pipelines
 
     settings = tiny_pipelines().TINY_FAMILY_SETTINGS[model_type]

@@ -252,7 +252,7 @@ def run_interleaved(steps: dict[str, Callable[[], None]], repeats: int, warmup: 
 def family_steps(model, batch: int) -> dict[str, Callable[[], None]]:
     """(a), (b), (c) and (c') through ``model.velocity`` (a loaded FlowModel with its ``default`` and ``ema``
     adapters, made to differ), on ``batch`` samples of 4 prompts."""
-    sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
     from family_helpers import encode_prompt_batch
 
     g = torch.Generator().manual_seed(1)

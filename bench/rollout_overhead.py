@@ -12,7 +12,6 @@ what differs is only the loop around the transformer. The ratio ``ours / diffuse
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "tests"))  # tests/family_helpers.py: noise, prompt batches, the diffusers reference
+sys.path.insert(1, str(ROOT / "tests" / "helpers"))  # tests/helpers/family_helpers.py: noise, prompt batches, the diffusers reference
 
 from family_helpers import encode_prompt_batch, make_noise, pipeline_sample
 
@@ -36,11 +35,10 @@ FAMILIES = [family for family in MODEL_FAMILIES if family != "tiny"]
 
 
 def _tiny_writers():
-    """The tiny pipeline writers of the model tests (tests/models/conftest.py), imported by path."""
-    spec = importlib.util.spec_from_file_location("rlrunner_tiny_pipelines", ROOT / "tests/models/conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The tiny pipeline writers of the model tests (tests/helpers/tiny_pipelines.py)."""
+    import tiny_pipelines
+
+    return tiny_pipelines
 
 
 def _sync(device: torch.device) -> None:
@@ -99,7 +97,7 @@ def bench_family(family: str, args: argparse.Namespace, workdir: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="all", help="a family of the tiny pipelines (tests/models/conftest.py), "
+    parser.add_argument("--family", default="all", help="a family of the tiny pipelines (tests/helpers/tiny_pipelines.py), "
                                                         "or all")
     parser.add_argument("--model-path", default=None, help="diffusers folder or hub id (default: tiny random)")
     parser.add_argument("--steps", type=int, default=10)

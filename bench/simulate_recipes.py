@@ -13,7 +13,7 @@ simulation's, their ratio (simulated / formula), whether the simulation fits, an
 ``--out`` merges each simulation into the record (other recipes' entries stay; the formula's peak is left out, as
 the tests compute it from the code of the day), with the commit, the date and the
 fingerprint of what it simulated (:func:`rlrunner.sizing.record.recipe_fingerprint`): ``bench/simulated_recipes.json``
-is the record ``tests/models/test_plan_vs_simulation.py`` holds the formula and the recipes to.
+is the record ``tests/sizing/test_plan_vs_simulation.py`` holds the formula and the recipes to.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 it holds and what it may import, every module with the first paragraph of its docstring.
 
     bin/rlrunner python scripts/layout.py            # print it
-    bin/rlrunner python scripts/layout.py --write    # write docs/layout.md (tests/test_package_layout.py checks it)
+    bin/rlrunner python scripts/layout.py --write    # write docs/layout.md (tests/project/test_package_layout.py checks it)
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def cell(text: str) -> str:
 def render() -> str:
     lines = ["# Layout of `rlrunner/`", "",
              ("Generated from the package and module docstrings by `bin/rlrunner python scripts/layout.py --write`; "
-              "`tests/test_package_layout.py` fails when it is stale and holds each package to its \"May import\" "
+              "`tests/project/test_package_layout.py` fails when it is stale and holds each package to its \"May import\" "
               "line."), ""]
     for folder in packages():
         rel = folder.relative_to(ROOT).as_posix()

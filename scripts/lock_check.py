@@ -5,7 +5,7 @@ at the version requirements/core.txt pins (any build), and nothing else but what
     python scripts/lock_check.py --remove-extras     # also uninstall what is neither locked nor torch's (env.sh)
     python scripts/lock_check.py --hash              # the lock's short hash, the stamp beside every measured figure
 
-scripts/env.sh runs it after building .venv; tests/test_lock.py runs it on the environment the tests run in.
+scripts/env.sh runs it after building .venv; tests/project/test_lock.py runs it on the environment the tests run in.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (every command's ``--help``).
 
     .venv/bin/python scripts/reference_docs.py --write   # regenerate both pages after changing a key or a command
-    .venv/bin/python scripts/reference_docs.py --check   # exit 1 naming the stale pages (tests/test_docs_reference.py)
+    .venv/bin/python scripts/reference_docs.py --check   # exit 1 naming the stale pages (tests/project/test_docs_reference.py)
 
 The key page reads the schema as ``bin/rlrunner keys`` does (:func:`rlrunner.commands.keys.schema_keys`: type,
 default, allowed values, the comment beside the field) and adds, per key, its RLinf spelling (from the tables of

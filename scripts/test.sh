@@ -9,10 +9,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 rlrunner_pick_python test
 cd "$ROOT"
 echo "rlrunner: testing with $PY" >&2
-# the docs site's build test (tests/test_docs_site.py) needs mkdocs-material (requirements/docs.txt, in the lock and
+# the docs site's build test (tests/project/test_docs_site.py) needs mkdocs-material (requirements/docs.txt, in the lock and
 # so in .venv); another environment is only told how (the test is skipped there without it)
 if ! "$PY" -c "import mkdocs, material" >/dev/null 2>&1; then
-    echo "rlrunner: $PY lacks mkdocs-material, so tests/test_docs_site.py is skipped; to run it:" \
+    echo "rlrunner: $PY lacks mkdocs-material, so tests/project/test_docs_site.py is skipped; to run it:" \
         "$PY -m pip install -r requirements/docs.txt" >&2
 fi
 # Two test processes (pytest-xdist): most tests compute on one core or wait on Ray, subprocesses and sockets, so a

@@ -1,10 +1,16 @@
-"""Fixtures and hooks shared by test folders."""
+"""Fixtures and hooks shared by the test folders (tests/<package>/ mirrors rlrunner/<package>/; tests/project/ holds
+the docs, links, layout, environment and bench tests; tests/helpers/ the modules they import; tests/fixtures/ data)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from tiny_pipelines import FAMILY_RUN, TINY_FAMILY_SETTINGS, TINY_WRITERS, tiny_family_cfg, write_tiny_flux1
 
 # Ray starts its worker processes at nice 15 so that its own daemons stay responsive. Beside another test process
 # (scripts/test.sh runs two) that computes at nice 0, those workers then got almost no CPU: an actor's start-up
@@ -23,6 +29,89 @@ def ray_session():
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+# the tiny pipeline folders of every family (tests/helpers/tiny_pipelines.py), for every folder's tests
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> Callable[[str], Path]:
+    """``tiny_dirs(model_type)``: the family's tiny pipeline folder, written once per session."""
+    torch.set_num_threads(1)
+    cache: dict[str, Path] = {}
+
+    def get(model_type: str) -> Path:
+        if model_type not in cache:
+            cache[model_type] = TINY_WRITERS[model_type](tmp_path_factory.mktemp(model_type))
+        return cache[model_type]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_flux1_schnell_dir(tmp_path_factory) -> Path:
+    """A tiny FLUX.1-schnell layout (no guidance embedding, the dynamic shift off), written once per session."""
+    return write_tiny_flux1(tmp_path_factory.mktemp("flux1_schnell"), schnell=True)
+
+
+@pytest.fixture
+def load_tiny(tiny_dirs) -> Callable[..., Any]:
+    """``load_tiny(model_type, path=None, dtype=float32, **family_overrides)``: ``<Family>.load`` on CPU.
+
+    ``path`` defaults to the family's tiny pipeline folder; the class comes from the registry.
+    """
+    from rlrunner.models import model_class
+
+    def load(model_type: str, path: str | Path | None = None, dtype: torch.dtype = torch.float32, **overrides: Any):
+        cfg = tiny_family_cfg(model_type, **overrides)
+        path = tiny_dirs(model_type) if path is None else path
+        return model_class(model_type).load(str(path), cfg, device=torch.device("cpu"), dtype=dtype)
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def tiny_model_cfg(tiny_dirs) -> Callable[[str], Any]:
+    """``tiny_model_cfg(model_type)``: ``actor.model`` (fp32, CPU) on the family's tiny folder, as workers take it."""
+    from omegaconf import OmegaConf
+
+    from rlrunner.recipe import ModelConfig
+
+    def make(model_type: str) -> Any:
+        cfg = OmegaConf.structured(ModelConfig(model_path=str(tiny_dirs(model_type)), model_type=model_type,
+                                               precision="fp32", device="cpu"))
+        cfg[model_type] = tiny_family_cfg(model_type)
+        return cfg
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def family_recipe(tiny_dirs, tmp_path_factory) -> Callable[..., Any]:
+    """``family_recipe(model_type, *overrides, algorithm="nft", path=None)``: the tiny CPU recipe turned into a
+    :data:`FAMILY_RUN` of ``model_type`` on its tiny folder (or ``path``), loaded and validated as the launcher
+    does; logs go under a session folder."""
+    from rlrunner.recipe import load_recipe
+
+    data = tmp_path_factory.mktemp("family_prompts")
+    for split in ("train", "test"):
+        (data / f"{split}.txt").write_text("".join(f'a sign that says "{w}"\n' for w in ("ab", "cd", "ef", "gh")))
+    logs = tmp_path_factory.mktemp("family_logs")
+
+    def make(model_type: str, *overrides: str, algorithm: str = "nft", path: str | Path | None = None):
+        family = {**TINY_FAMILY_SETTINGS[model_type], "num_steps": 2, "eval_num_steps": 2, "lora_rank": 4,
+                  "lora_alpha": 8, "train_sampler": "euler"}
+        if algorithm == "flow_grpo" and "num_frames" in family:
+            family["num_frames"] = 1  # FlowGRPO takes one advantage per sample: a video family trains on images
+        video = family.get("num_frames", 1) > 1
+        settings = [f"actor.model.{model_type}.{key}={value}".replace(" ", "") for key, value in family.items()]
+        adv = ["algorithm.adv_type=grpo_video", "algorithm.advantage_mode=video"] if video else []
+        folder = tiny_dirs(model_type) if path is None else path
+        return load_recipe("tiny_nft_ocr", [
+            *FAMILY_RUN, *settings, *adv, f"algorithm.name={algorithm}", f"actor.model.model_type={model_type}",
+            f"actor.model.model_path={folder}", f"env.train.dataset.path={data}", f"env.eval.dataset.path={data}",
+            f"runner.logger.log_path={logs}", *overrides])
+
+    return make
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

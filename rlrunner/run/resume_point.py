@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 # keys a resumed run may change freely: its length, logging, evaluation, checkpointing, resume and placement, the
 # actor's engine included (the results do not depend on the number or place of the actor ranks, nor on DDP or
-# FSDP2: tests/test_data_parallel.py). The rollout's ranks do matter: their groups seed the rollout noise, which
+# FSDP2: tests/workers/test_data_parallel.py). The rollout's ranks do matter: their groups seed the rollout noise, which
 # Runner.check_resumable compares.
 RESUME_FREE_KEYS = ("runner.max_steps", "runner.max_epochs", "runner.logger.", "runner.resume_dir",
                     "runner.resume_allow_changes", "runner.log_dir", "runner.save_interval", "runner.keep_last_n",

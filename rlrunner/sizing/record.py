@@ -2,7 +2,7 @@
 simulated, so that a changed recipe, schema default or folder shows as a stale entry instead of passing on old
 numbers.
 
-``bench/simulate_recipes.py --out`` writes the record (minutes per recipe); ``tests/models/test_plan_vs_simulation.py``
+``bench/simulate_recipes.py --out`` writes the record (minutes per recipe); ``tests/sizing/test_plan_vs_simulation.py``
 holds the formula's plan and the recipes' fit to it.
 """
 

@@ -14,7 +14,7 @@ from rlrunner.config.loader import CONFIG_DIR, available_recipes
 from rlrunner.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-RLINF = ROOT / "tests/data/rlinf"
+RLINF = ROOT / "tests/fixtures/rlinf"
 RECIPES = ("sd3_nft_ocr", "wan22_ti2v_5b_nft_ocr", "wan22_ti2v_5b_nft_video_ocr")
 
 

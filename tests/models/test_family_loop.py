@@ -6,8 +6,8 @@ resumed from the step-1 checkpoint. For NFT the resumed run is on a real Ray clu
 on three different devices: results must not depend on the placement (seeds follow sample indices, never ranks or
 devices), so the resumed step 2 must give the uninterrupted run's adapters bit for bit. (Ray worker start-up costs
 about 15 s a run on 2 cores; one Ray run per family keeps the suite within its time. The Ray path past model
-loading is the same for every algorithm: tests/test_data_parallel.py runs FlowGRPO and AWM on Ray with the tiny
-model.) The tiny folders come from tests/models/conftest.py; the reward (JPEG compressibility) varies on any
+loading is the same for every algorithm: tests/workers/test_data_parallel.py runs FlowGRPO and AWM on Ray with the tiny
+model.) The tiny folders come from tests/helpers/tiny_pipelines.py; the reward (JPEG compressibility) varies on any
 image, so random-weight models train.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 from runner_helpers import train_metrics
+from tiny_pipelines import TINY_FAMILY_SETTINGS
 
 from rlrunner.run.runner import run
-from tests.models.conftest import TINY_FAMILY_SETTINGS
 
 FAMILIES = ["sd3", "wan22_ti2v_5b", "wan21_t2v", "wan22_t2v_a14b", "qwen_image", "zimage", "flux2_klein", "flux1"]
 ALGORITHMS = ["nft", "flow_grpo", "awm"]

@@ -257,9 +257,6 @@ def test_expert_settings_are_checked_in_one_line_before_launch(monkeypatch, over
 def test_a14b_trains_checkpoints_and_resumes_bitwise(tiny_dirs, tmp_path):
     """Two NFT steps with eval at guidance 4 / 2.5, a checkpoint per step holding both experts' files, and a resume
     from step 1 that ends at step 2 with the uninterrupted run's adapters and optimizer state."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
     from runner_helpers import small_recipe
 
     from rlrunner.run.runner import run

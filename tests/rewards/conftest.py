@@ -38,6 +38,6 @@ def reward_service() -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def detector_service() -> Iterator[Server]:
-    """The GenEval detector server (tests/detector_probe.py, SERVER_LIMITS) in its own process, shared likewise."""
+    """The GenEval detector server (tests/helpers/detector_probe.py, SERVER_LIMITS) in its own process, shared likewise."""
     with detector_server(SERVER_LIMITS.__dict__) as (port, process):
         yield Server(port, process.pid, "/detect", peak_rss_mib(process.pid))

@@ -8,11 +8,11 @@ import json
 
 import numpy as np
 import pytest
+from service_helpers import StubServer
 
 from rlrunner.rewards import build_reward
 from rlrunner.rewards.geneval import Detection, correct, partial_score, relative_position, select_objects
 from rlrunner.rewards.geneval.scoring import check_metadata
-from tests.service_helpers import StubServer
 
 
 def det(label: str, box: list[float], score: float = 0.95, color: str | None = None) -> dict:

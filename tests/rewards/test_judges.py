@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import pytest
+from service_helpers import StubServer
 
 from rlrunner.rewards import build_reward
 from rlrunner.rewards.judges import UnparsableReply, parse_final_score, parse_three_axes, yes_probability
 from rlrunner.rewards.judges.parsers import first_token_logprobs
-from tests.service_helpers import StubServer
 
 UNIFIEDREWARD_REPLY = (
     "The image shows a red bicycle leaning on a brick wall, as the caption says; the spokes are slightly "

@@ -26,7 +26,7 @@ REQUESTS = 500  # per server
 #: Peak memory the campaign may add to a server (MiB): its limits allow 2 requests of 1 MiB bodies and 2**20 pixels
 #: (3 MiB decoded) at once; one pixel bomb decoded would take 100 MiB and more.
 RSS_BOUND_MIB = 64
-FAULT = (13, 13, 13)  # tests/detector_probe.py: an image starting with this pixel makes detect raise
+FAULT = (13, 13, 13)  # tests/helpers/detector_probe.py: an image starting with this pixel makes detect raise
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **options) -> str:
