@@ -22,6 +22,7 @@ import torch
 from rlrunner.cluster.placement import format_devices, parse_placement
 from rlrunner.cluster.resources import detect_devices_per_node
 from rlrunner.config.loader import RecipeError, recipe_path
+from rlrunner.models.meta import ModelFolderError
 from rlrunner.models.shapes import ActivationProfile
 from rlrunner.recipe import load_recipe
 from rlrunner.sizing.memory import (
@@ -37,7 +38,6 @@ from rlrunner.sizing.memory import (
     rollout_plan,
     step_geometry,
 )
-from rlrunner.sizing.meta import ModelFolderError
 from rlrunner.sizing.sim_report import (
     DEFAULT_MFU,
     GPU_PEAK_TFLOPS,

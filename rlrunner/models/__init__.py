@@ -6,7 +6,7 @@ your own package"). A family is a ``FlowModel`` subclass with a classmethod
 ``load(model_path, family_cfg, *, device, dtype)`` and a ``settings_type``, the dataclass of its recipe section
 ``actor.model.<model_type>`` (:mod:`rlrunner.models.settings`).
 
-May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.sizing, rlrunner.utils
+May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.utils
 """
 
 from __future__ import annotations

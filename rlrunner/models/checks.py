@@ -222,7 +222,7 @@ def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int
     """Why ``cp`` ranks cannot split this family's sequences at ``family_cfg``'s size (the nearest sizes that they
     can, when a token count is the problem), or None."""
     from rlrunner.cluster.context_parallel import sequence_problem
-    from rlrunner.sizing.meta import read_components
+    from rlrunner.models.meta import read_components
 
     _, components = read_components(folder)
     configs = {name: component.config for name, component in components.items()}

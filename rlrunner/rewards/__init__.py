@@ -15,7 +15,7 @@ when this package imports their modules; rewards of other packages (entry points
 docs/families/index.md "A family or a reward from your own package") register after them
 (:func:`~rlrunner.rewards.registry.load_reward_plugins`).
 
-May import: rlrunner.config, rlrunner.sizing, rlrunner.utils
+May import: rlrunner.config, rlrunner.models, rlrunner.utils
 """
 
 from . import clip, geneval, image_stats, judges, multi, ocr, serving  # noqa: F401  (modules register themselves)

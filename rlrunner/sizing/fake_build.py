@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from rlrunner.sizing.meta import ModelFolderError, _fp32_module_names, build_on_meta, read_components
+from rlrunner.models.meta import ModelFolderError, _fp32_module_names, build_on_meta, read_components
 from rlrunner.sizing.tracker import MemoryTracker
 
 DENOISER_PARTS = ("transformer", "transformer_2", "unet")

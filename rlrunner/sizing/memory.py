@@ -25,10 +25,10 @@ import torch
 
 from rlrunner.models import model_class
 from rlrunner.models.guidance import Guidance
+from rlrunner.models.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
 from rlrunner.models.shapes import ActivationProfile, SampleShapes
 from rlrunner.objectives import build_objective
 from rlrunner.sizing.activations import activation_bytes, decode_bytes
-from rlrunner.sizing.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
 from rlrunner.utils.device import PRECISIONS, resolve_dtype
 from rlrunner.utils.flat_state import sync_buffer_bytes
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,9 +84,90 @@ def test_no_import_circle_in_rlrunner():
     assert _cycles(graph) == []
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_every_module_imports_on_its_own(name):
+def _package_of(module: str) -> str:
+    """``rlrunner.<package>`` (or the top-level module, ``rlrunner.recipe``) that ``module`` belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_packages_form_floors():
+    """No loop between packages either (models -> sizing -> models was one): each package imports only packages
+    on the floors below it, so a package can be read, tested and replaced from the bottom up."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        if name != "rlrunner":
+            graph.setdefault(_package_of(name), set()).update(
+                _package_of(target) for target in _imports(name, path) if target != "rlrunner")
+    graph = {package: targets - {package} for package, targets in graph.items()}
+    assert graph["rlrunner.sizing"] >= {"rlrunner.models"}  # the package graph sees imports
+    assert _cycles(graph) == []
+
+
+def test_tests_mirror_the_package():
+    """tests/<package>/ holds the tests of rlrunner/<package>/; besides those, only project/ (docs, links, layout,
+    environment, benches), helpers/ (modules the folders import) and fixtures/ (data); no test at the top."""
+    tests = ROOT / "tests"
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - packages <= {"project", "helpers", "fixtures"}, folders - packages
+    assert sorted(p.name for p in tests.glob("test_*.py")) == []
+    assert sorted(p.name for p in (tests / "helpers").glob("test_*.py")) == []
+
+
+#: Imports every module once, forgets rlrunner's modules (the libraries they pulled in stay loaded), then imports
+#: each module in a fork of that process: a fresh rlrunner for every module, at the cost of a fork, not of torch.
+IMPORT_EACH = r"""
+import importlib, os, sys, traceback
+names = sys.argv[1:]
+for name in names:
     importlib.import_module(name)
+packages = {name.split(".")[0] for name in names}
+for loaded in [m for m in sys.modules if m.split(".")[0] in packages]:
+    del sys.modules[loaded]
+for name in names:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            print("failed", name, repr(traceback.format_exc()), flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 1:  # 1: the fork said why
+        print("ok" if code == 0 else f"exited-{code}", name, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def imported_alone() -> dict[str, str]:
+    """Module -> "ok", or why it did not import in a process that had imported no other rlrunner module."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_EACH, *sorted(MODULES)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {}
+    for line in done.stdout.splitlines():
+        status, name, *why = line.split(" ", 2)
+        results[name] = "ok" if status == "ok" else (why[0] if why else status)
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_imports_on_its_own(name, imported_alone):
+    assert imported_alone.get(name) == "ok", imported_alone.get(name, "not reached")
+
+
+def test_the_import_check_sees_a_module_that_needs_another_imported_first(tmp_path):
+    """A module that works only after another one was imported (it reads ``toy.first`` without importing it) imports
+    in one process after that one, and fails in the forked check."""
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "__init__.py").write_text("")
+    (tmp_path / "toy" / "first.py").write_text("X = 1\n")
+    (tmp_path / "toy" / "second.py").write_text("import toy\n\nY = toy.first.X\n")
+    done = subprocess.run([sys.executable, "-c", IMPORT_EACH, "toy.first", "toy.second"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert [line.split(" ")[:2] for line in done.stdout.splitlines()] == [["ok", "toy.first"], ["failed", "toy.second"]]
 
 
 def test_no_file_over_400_lines():

@@ -17,6 +17,7 @@ from family_helpers import make_noise
 from omegaconf import OmegaConf
 
 from rlrunner.commands.plan import device_peak, main
+from rlrunner.models.meta import CONFIG_FILE, MODEL_INDEX
 from rlrunner.models.tiny import TinyFlowModel
 from rlrunner.models.tiny_text import load_tiny_components
 from rlrunner.recipe import ModelConfig
@@ -30,7 +31,6 @@ from rlrunner.sizing.memory import (
     model_sizes,
     rollout_plan,
 )
-from rlrunner.sizing.meta import CONFIG_FILE, MODEL_INDEX
 
 FAMILIES = ("sd3", "wan22_ti2v_5b", "qwen_image")
 RECIPES = {"sd3": "sd3_nft_ocr", "wan22_ti2v_5b": "wan22_ti2v_5b_nft_ocr", "qwen_image": "qwen_image_nft_ocr"}

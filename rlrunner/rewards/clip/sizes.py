@@ -38,7 +38,7 @@ def clip_bytes(config: Any, dtype: torch.dtype) -> tuple[int, int]:
     """``(bytes, parameters)`` of a ``CLIPModel`` with ``config`` (a CLIPConfig or its arguments) held in ``dtype``."""
     from transformers import CLIPConfig, CLIPModel
 
-    from rlrunner.sizing.meta import module_bytes
+    from rlrunner.models.meta import module_bytes
 
     with torch.device("meta"):
         model = CLIPModel(config if isinstance(config, CLIPConfig) else CLIPConfig(**config))
