@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gpu_check_rows import PHASES, check_in_process_parts
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 IMAGE_PACKAGES = ROOT / "bench" / "lent_gpu_packages.txt"
 PARTS = ("ddp", "fsdp2", "wan")
-PHASES = ("actor_load", "rollout_load", "rollout", "decode", "update", "ema", "weight_sync")
 MAX_WHEEL_MIB = 40
 
 
@@ -173,6 +173,8 @@ def test_the_offline_check_runs_without_ray_network_or_the_environments_packages
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["prepared"] == str(prepared) and report["skipped"] == []
     assert all(r["status"] == "ok" for r in report["rows"]) and len(report["rows"]) == 21
+    check_in_process_parts(report)  # each step's throughput, memory and simulated peak, each phase
+    assert "21 of 21 rows ok" in text
     for part in PARTS:
         result = json.loads((out / f"{part}.json").read_text())
         assert result["status"] == "ok" and len(result["rows"]) == 7
