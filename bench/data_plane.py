@@ -115,7 +115,7 @@ def report(recipe: str, folder: Path, overrides: list[str]) -> list[str]:
                       check_datasets=False)
     sizes = model_sizes(cfg.actor.model, folder)
     placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes, 1)
-    geometry = step_geometry(cfg, placement)
+    geometry = step_geometry(cfg, placement, sizes.guidance)
     # grpo_video scores one reward per latent-frame chunk
     per_sample = sizes.shapes.latent[1] if cfg.algorithm.adv_type == "grpo_video" else 1
     flows = step_flows(sizes, geometry, per_sample)
