@@ -16,6 +16,7 @@ import torch
 from cp_helpers import actor_results, assert_same_training, high_noise_rows, rank_results, reference_run, spawn
 from omegaconf import OmegaConf
 from runner_helpers import small_recipe
+from shell_helpers import clean_env
 
 from rlrunner.workers.actor import ActorWorker
 
@@ -100,7 +101,6 @@ def test_the_a14b_recipe_trains_with_actor_cp2_and_micro_batch_1_through_the_lau
     the rollout context parallel over 2 devices: 2 steps through run_diffusion.sh (it crashed at the first update)."""
     import json
     import math
-    import os
     import subprocess
     import sys
 
@@ -115,8 +115,7 @@ def test_the_a14b_recipe_trains_with_actor_cp2_and_micro_batch_1_through_the_lau
                    for key in ("reward.model=jpeg_compressibility", f"dataset.path={tiny_ocr}")),
                  "runner.max_steps=2", "runner.val_check_interval=0", "runner.val_before_train=false",
                  "runner.save_interval=0", "runner.sample_log_interval=0"]
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(tmp_path),
-           "HOME": os.environ.get("HOME", str(tmp_path))}
+    env = {**clean_env(), "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(tmp_path)}
     result = subprocess.run(["bash", str(root / "examples/diffusion/run_diffusion.sh"), "wan22_t2v_a14b_nft_video_ocr",
                              *overrides], cwd=root, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from shell_helpers import clean_env
 
 from rlrunner.models import TRAINED_ADAPTER, build_model
 from rlrunner.recipe import ModelConfig
@@ -56,8 +56,7 @@ def _launch(model_type: str, model_path: Path, log_root: Path, half_on_cpu: bool
                  *(f"{prefix}.{key}={value}" for key, value in family.items()),
                  f"{prefix}.lora_rank=4", f"{prefix}.lora_alpha=8", f"{prefix}.num_steps=2", f"{prefix}.eval_num_steps=2",
                  *STEP]
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
-           "HOME": os.environ.get("HOME", str(log_root))}
+    env = {**clean_env(), "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root)}
     result = subprocess.run(["bash", str(ROOT / "examples/diffusion/run_diffusion.sh"), recipe, *overrides], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -66,7 +65,8 @@ def _launch(model_type: str, model_path: Path, log_root: Path, half_on_cpu: bool
             result.stderr)
 
 
-@pytest.mark.parametrize("model_type", list(RECIPES))  # 2 runs of about 5 s each
+@pytest.mark.slow  # 2 launches a family, each a Python that loads the stack: a minute or two of CPU
+@pytest.mark.parametrize("model_type", list(RECIPES))
 def test_family_recipe_trains_two_bf16_steps_on_cpu_through_the_launcher(model_type, tiny_dirs, tmp_path):
     run_dir, records, stderr = _launch(model_type, tiny_dirs(model_type), tmp_path / "bf16", half_on_cpu=True)
     assert "found no accelerator" not in stderr  # bf16 as asked: nothing to say

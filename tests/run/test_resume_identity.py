@@ -4,7 +4,6 @@ recipe (but for run length, logging and resume keys), found where the launcher w
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 from runner_helpers import SMALL_OVERRIDES, small_recipe, train_metrics
+from shell_helpers import clean_env
 
 from rlrunner.config.loader import to_yaml
 from rlrunner.run.checkpoint import CheckpointError, save_checkpoint
@@ -97,8 +97,7 @@ def test_auto_finds_the_checkpoint_under_rlrunner_log_root_through_the_launcher(
     args = [*SMALL_OVERRIDES, *NO_EVAL, f"actor.model.model_path={tmp_path / 'model'}",
             f"env.train.dataset.path={tmp_path / 'data'}", f"env.eval.dataset.path={tmp_path / 'data'}",
             f"runner.logger.log_path={tmp_path / 'elsewhere'}", "runner.resume_dir=auto"]
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root),
-           "HOME": os.environ.get("HOME", str(tmp_path))}
+    env = {**clean_env(), "PYTHON": sys.executable, "RLRUNNER_LOG_ROOT": str(log_root)}
 
     def launch(*more: str) -> tuple[int, str]:
         """Exit status and console output (the script sends the run's stderr to stdout, through tee)."""
