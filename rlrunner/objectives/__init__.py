@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlrunner.models.guidance import Guidance
 from rlrunner.objectives.base import MicroBatch, Objective
 from rlrunner.utils.registry import lazy_class
 
@@ -28,9 +29,10 @@ def objective_class(name: str) -> type[Objective]:
     return lazy_class(OBJECTIVES, name, "algorithm.name")
 
 
-def build_objective(algorithm_cfg: Any, family_cfg: Any) -> Objective:
-    """The :class:`Objective` of ``algorithm_cfg.name``."""
-    return objective_class(algorithm_cfg.name)(algorithm_cfg, family_cfg)
+def build_objective(algorithm_cfg: Any, family_cfg: Any, guidance: Guidance) -> Objective:
+    """The :class:`Objective` of ``algorithm_cfg.name`` for a model that samples with ``guidance`` (the model's
+    ``resolved_guidance``, or the plan's :attr:`~rlrunner.sizing.memory.ModelSizes.guidance`)."""
+    return objective_class(algorithm_cfg.name)(algorithm_cfg, family_cfg, guidance)
 
 
 __all__ = ["OBJECTIVES", "MicroBatch", "Objective", "build_objective", "objective_class"]

@@ -10,6 +10,7 @@ import torch
 
 from rlrunner.cluster.parallelize import Engine
 from rlrunner.models import FlowModel
+from rlrunner.models.guidance import Guidance
 
 Tensor = torch.Tensor
 
@@ -52,8 +53,8 @@ class Objective(abc.ABC):
     #: the adapter the training rollout samples with (``ema`` for NFT's old policy, ``default`` on-policy)
     sampling_adapter: ClassVar[str]
 
-    def __init__(self, algorithm_cfg: Any, family_cfg: Any) -> None:
-        self.alg, self.family = algorithm_cfg, family_cfg
+    def __init__(self, algorithm_cfg: Any, family_cfg: Any, guidance: Guidance) -> None:
+        self.alg, self.family, self.guidance = algorithm_cfg, family_cfg, guidance
 
     def rollout(self, model: FlowModel, cond: dict[str, Tensor], noise: Tensor,
                 generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:

@@ -51,8 +51,10 @@ class NFTObjective(Objective):
 
     @property
     def keeps_velocity(self) -> bool:
-        """Whether the rollout keeps ``v_old``: under CFG the sampler steps with the guided velocity, not v_ema."""
-        return self.from_rollout and float(self.family.guidance_scale) == 1.0
+        """Whether the rollout keeps ``v_old``: the sampler's velocity is v_ema itself when a step is one pass
+        (no guidance, or FLUX.1's embedded scale, a model input the loss feeds alike); under CFG it is the guided
+        combination of two passes, not v_ema."""
+        return self.from_rollout and self.guidance.passes == 1
 
     def rollout(self, model: FlowModel, cond: dict[str, Tensor], noise: Tensor,
                 generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:

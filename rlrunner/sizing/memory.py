@@ -215,7 +215,7 @@ def step_geometry(cfg: Any, placement: Any, guidance: Guidance) -> StepGeometry:
         rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_rounds=rounds,
         micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=guidance.passes,
         num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
-        kept_latents=build_objective(cfg.algorithm, family).kept_latents_per_sample(),
+        kept_latents=build_objective(cfg.algorithm, family, guidance).kept_latents_per_sample(),
         actor_cp=cfg.actor.context_parallel_size, rollout_cp=cfg.rollout.context_parallel_size,
     )
 

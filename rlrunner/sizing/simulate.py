@@ -116,7 +116,6 @@ def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[Compon
     family_cfg = model_cfg[model_cfg.model_type]
     dtype = PRECISIONS[str(model_cfg.precision)]
     fake_mode, tracker = _modes(fake)
-    objective = build_objective(cfg.algorithm, family_cfg)
     samples = geometry.samples_per_rollout_call
     cp = geometry.rollout_cp
     # a context-parallel group: rank 0 of ``cp`` fake ranks, its sequence split by the model's own CP hooks
@@ -124,6 +123,7 @@ def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[Compon
             tracker:
         with _measured(run, tracker, "rollout_load", "parameters"), unset_fake_temporarily():
             model = build_fake_model(model_cfg, fake_mode, tracker, denoiser_only=False, dtype=dtype)
+        objective = build_objective(cfg.algorithm, family_cfg, model.resolved_guidance)
         if cp > 1:
             model.enable_context_parallel(outside_fake(parallel_mesh)("cpu", cp, cp, "ulysses"))
         run.swappable = _storage_bytes(model.transformer)

@@ -56,13 +56,13 @@ class ActorWorker:
         self.rank, self.world_size = rank, world_size
         self.data_parallel_size = world_size // actor_cfg.context_parallel_size  # groups that train their own samples
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
-        self.objective = build_objective(algorithm_cfg, self.family_cfg)
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
         # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes, so it
         # loads neither text encoders nor VAE (not even into host memory); under FSDP2 the denoiser stays in host
         # memory until parallelize moves it to the device shard by shard (it never holds it whole)
         shards = shards_from_host(actor_cfg.strategy, world_size, actor_cfg.one_rank_group)
         self.model = build_model(actor_cfg.model, denoiser_only=True, denoiser_on_host=shards)
+        self.objective = build_objective(algorithm_cfg, self.family_cfg, self.model.resolved_guidance)
         grouped = init_distributed(rank, world_size, self.model.device.type, one_rank_group=actor_cfg.one_rank_group)
         self.engine = parallelize(self.model, actor_cfg.strategy, world_size, actor_cfg.context_parallel_size,
                                   actor_cfg.context_parallel_mode, one_rank_group=grouped)

@@ -83,7 +83,7 @@ class RolloutWorker:
             from rlrunner.config.schema import AlgorithmConfig
 
             algorithm_cfg = OmegaConf.structured(AlgorithmConfig)
-        self.objective = build_objective(algorithm_cfg, self.family_cfg)
+        self.objective = build_objective(algorithm_cfg, self.family_cfg, self.model.resolved_guidance)
         self.seed, self.rank = seed, rank
 
     @torch.no_grad()

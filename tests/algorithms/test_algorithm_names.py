@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlrunner.objectives import OBJECTIVES, build_objective
+from rlrunner.objectives import OBJECTIVES, objective_class
 from rlrunner.recipe import load_recipe
 from tests.commands.test_launcher import launch
 
@@ -24,7 +24,7 @@ def test_each_algorithm_trains_two_steps_of_the_cpu_recipe(tmp_path, name):
     train = [r for r in records if "env/avg" in r]
     assert [r["step"] for r in train] == [1, 2]
     cfg = load_recipe("tiny_nft_ocr", [f"algorithm.name={name}"])
-    loss_key = f"train/actor/{build_objective(cfg.algorithm, cfg.actor.model.tiny).loss_key}"
+    loss_key = f"train/actor/{objective_class(cfg.algorithm.name).loss_key}"
     for record in train:
         assert math.isfinite(record[loss_key]) and record["train/actor/nonfinite"] == 0.0
         assert record["train/actor/grad_norm"] > 0  # the loss reaches the trained adapter

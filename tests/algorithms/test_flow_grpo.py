@@ -155,7 +155,7 @@ def tiny_model(tmp_path_factory) -> TinyFlowModel:
 @pytest.mark.parametrize("overrides", [{}, {"flow_grpo_sde_window_size": 2, "ref_kl_coef": 0.01}])
 def test_first_pass_recomputes_the_rollout_log_prob_ratio_one(tiny_model, overrides):
     alg = OmegaConf.structured(AlgorithmConfig(name="flow_grpo", flow_grpo_timestep_fraction=0.5, **overrides))
-    objective = build_objective(alg, tiny_model.cfg)
+    objective = build_objective(alg, tiny_model.cfg, tiny_model.resolved_guidance)
     cond = tiny_model.encode_prompts(['a sign that says "42"', 'a sign that says "7"'])
     noise = torch.randn(2, *tiny_model.latent_shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -136,7 +136,7 @@ def test_flow_grpo_rollout_and_loss_see_the_same_embedded_guidance(load_tiny):
         for p in model.adapter_parameters(TRAINED_ADAPTER):
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
     alg = OmegaConf.structured(AlgorithmConfig(name="flow_grpo", flow_grpo_timestep_fraction=0.5))
-    objective = build_objective(alg, model.cfg)
+    objective = build_objective(alg, model.cfg, model.resolved_guidance)
     cond = model.encode_prompts(PROMPTS)
     noise = make_noise(model, 2, torch.Generator().manual_seed(7))
     with torch.no_grad():

@@ -109,7 +109,7 @@ def test_a_model_resolves_its_guidance_once_and_samples_trains_and_evaluates_wit
     cond = model.encode_prompts(["a cat", "a dog"])
     noise = make_noise(model, 2, torch.Generator().manual_seed(0))
     model.sample(cond, noise, sampler="euler", num_steps=2, guidance_scale=2.0)
-    objective = build_objective(OmegaConf.structured(AlgorithmConfig()), model.cfg)
+    objective = build_objective(OmegaConf.structured(AlgorithmConfig()), model.cfg, model.resolved_guidance)
     x0, _ = objective.rollout(model, cond, noise, torch.Generator().manual_seed(1))
     with torch.no_grad():
         model.velocity(noise, torch.full((2,), 0.5), cond)

@@ -13,6 +13,9 @@ from omegaconf import OmegaConf
 from runner_helpers import small_recipe, spy_on_nft_timesteps
 
 from rlrunner.algorithms.samplers import sample_xt, training_grid
+from rlrunner.config.schema import AlgorithmConfig
+from rlrunner.models.guidance import Guidance
+from rlrunner.objectives import build_objective
 from rlrunner.objectives.base import MicroBatch
 from rlrunner.step.batch import Batch
 from rlrunner.step.sample_order import TrainPlan
@@ -123,3 +126,17 @@ def test_the_kl_anchor_is_flat_at_the_base_model_and_pulls_v_theta_toward_it(tmp
         for p, g in zip(actor.params, grads):
             p.sub_(step * g)
     assert _distance_to_base(actor, micro_of()) < before
+
+
+@pytest.mark.parametrize(("guidance", "keeps"), [
+    (Guidance("none", 1.0, 1.0), True), (Guidance("cfg", 1.0, 4.5), True),  # one pass a step: v_ema itself
+    (Guidance("embedded", 3.5, 3.5), True),  # FLUX.1-dev: the scale is a model input, one pass, as in the loss
+    (Guidance("cfg", 4.5, 4.5), False),  # two passes combined: the sampler's velocity is not v_ema
+])
+def test_the_rollout_keeps_v_old_exactly_when_a_sampling_step_is_one_pass_of_the_model(guidance, keeps):
+    """Decided from the resolved guidance, not the recipe's raw guidance_scale (which refused FLUX.1-dev's cache)."""
+    alg = OmegaConf.structured(AlgorithmConfig(name="nft", nft_xcur_source="rollout", nft_timesteps_per_sample=2))
+    family = OmegaConf.create({"guidance_scale": guidance.scale})
+    objective = build_objective(alg, family, guidance)
+    assert objective.keeps_velocity is keeps
+    assert objective.kept_latents_per_sample() == (4 if keeps else 2)  # the states, and v_old beside each
