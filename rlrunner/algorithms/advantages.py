@@ -22,6 +22,7 @@ equal gets advantage exactly 0 (never NaN, never round-off noise divided by eps)
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -136,17 +137,31 @@ def per_reward_normalized_advantages(
     return _normalise(s - s.mean(), s.std(unbiased=False), constant, eps)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
-    "grpo": group_advantages,
-    "grpo_video": video_group_advantages,
-}
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """One ``algorithm.adv_type``: its function, the keyword ``algorithm.advantage_mode`` fills and that keyword's
+    valid values."""
 
-# algorithm.advantage_mode valid for each estimator (its ``std`` / ``mode`` argument)
-ADVANTAGE_MODES: dict[str, tuple[str, ...]] = {"grpo": STD_MODES, "grpo_video": VIDEO_MODES}
+    function: Callable[..., Tensor]
+    mode_keyword: str
+    modes: tuple[str, ...]
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "grpo": AdvantageEstimator(group_advantages, "std", STD_MODES),
+    "grpo_video": AdvantageEstimator(video_group_advantages, "mode", VIDEO_MODES),
+}
 
 
 def get_advantage_estimator(name: str) -> Callable[..., Tensor]:
     """Look up ``algorithm.adv_type``; a miss lists the valid names."""
     if name not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown adv_type {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[name]
+    return ADVANTAGE_ESTIMATORS[name].function
+
+
+def estimate_advantages(adv_type: str, rewards: Tensor, group_size: int, mode: str) -> Tensor:
+    """The advantages of ``rewards`` by estimator ``adv_type`` with ``mode`` (``algorithm.advantage_mode``) passed as
+    the keyword that estimator names it by."""
+    function = get_advantage_estimator(adv_type)  # a miss lists the valid names
+    return function(rewards, group_size, **{ADVANTAGE_ESTIMATORS[adv_type].mode_keyword: mode})

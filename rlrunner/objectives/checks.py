@@ -74,10 +74,8 @@ KEY_CHECKS: dict[str, Check] = {
 
 
 def check_algorithm(cfg: DictConfig, ctx: Context) -> None:
-    from rlrunner.algorithms.advantages import ADVANTAGE_MODES
-
     alg = cfg.algorithm
-    valid = ADVANTAGE_MODES[alg.adv_type]
+    valid = ADVANTAGE_ESTIMATORS[alg.adv_type].modes
     if alg.advantage_mode not in valid:
         _fail(f"algorithm.advantage_mode={alg.advantage_mode!r} is not valid for algorithm.adv_type={alg.adv_type!r}; "
               f"choose one of {list(valid)}")

@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rlrunner.algorithms.advantages import get_advantage_estimator, per_reward_normalized_advantages
+from rlrunner.algorithms.advantages import estimate_advantages, per_reward_normalized_advantages
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
 from rlrunner.cluster.checks import check_placement
 from rlrunner.data.prompts import PromptSampler, load_datasets
@@ -49,8 +49,6 @@ from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker
 
 logger = logging.getLogger("rlrunner")
-# keyword that each advantage estimator takes for algorithm.advantage_mode
-ADVANTAGE_MODE_ARG = {"grpo": "std", "grpo_video": "mode"}
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
@@ -269,8 +267,7 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
             rewards, *parts = [a[order] for a in (rewards, *parts)]
         if parts:  # a multi reward with aggregation: per_reward_normalized
             return per_reward_normalized_advantages(*parts, alg.group_size, video_mode=alg.advantage_mode)
-        estimator = get_advantage_estimator(alg.adv_type)
-        return estimator(rewards, alg.group_size, **{ADVANTAGE_MODE_ARG[alg.adv_type]: alg.advantage_mode})
+        return estimate_advantages(alg.adv_type, rewards, alg.group_size, alg.advantage_mode)
 
     def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
         """Train on the step's samples as its :class:`TrainPlan` says: rank r gets the handles of its own rows of

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from rlrunner.algorithms.advantages import get_advantage_estimator, group_advantages, video_group_advantages
+from rlrunner.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    estimate_advantages,
+    get_advantage_estimator,
+    group_advantages,
+    video_group_advantages,
+)
 
 S = (2 / 3) ** 0.5  # population std of [1, 2, 3]
 
@@ -71,6 +77,19 @@ def test_errors():
     with pytest.raises(ValueError, match="'ppo'.*grpo_video"):
         get_advantage_estimator("ppo")
     assert get_advantage_estimator("grpo_video") is video_group_advantages
+
+
+def test_advantage_mode_reaches_each_estimator_under_its_own_keyword():
+    """algorithm.advantage_mode is ``std`` for grpo and ``mode`` for grpo_video; the estimators' table says which."""
+    rewards = torch.tensor([1.0, 3.0, 2.0, 6.0])
+    assert torch.equal(estimate_advantages("grpo", rewards, 2, "none"), group_advantages(rewards, 2, std="none"))
+    assert not torch.equal(estimate_advantages("grpo", rewards, 2, "none"), group_advantages(rewards, 2))
+    chunks = torch.tensor([[1.0, 2.0], [3.0, 7.0], [0.0, 1.0], [2.0, 2.0]])
+    assert torch.equal(estimate_advantages("grpo_video", chunks, 2, "frame"),
+                       video_group_advantages(chunks, 2, mode="frame"))
+    assert not torch.equal(estimate_advantages("grpo_video", chunks, 2, "frame"), video_group_advantages(chunks, 2))
+    assert {name: e.modes for name, e in ADVANTAGE_ESTIMATORS.items()} == {
+        "grpo": ("group", "global", "none"), "grpo_video": ("video", "frame")}
 
 
 # ------------------------------------------------------------------------- several rewards (GDPO-style)
