@@ -8,7 +8,7 @@ Each model family, in-tree or a plugin (:mod:`rlrunner.models.families`), declar
 Each component checks the keys it reads, in its own ``checks.py``: a table of one check per key (``KEY_CHECKS``)
 and the checks across keys. This module lists them in the order they run: every key on its own first, then the
 checks across keys, then the placement's where the devices are known offline (a joined Ray cluster's are checked
-after connecting: :func:`rlrunner.cluster.checks.check_placement`, called by the runner). The first problem stops
+after connecting: :func:`rlrunner.step.checks.check_placement`, called by the runner). The first problem stops
 the recipe with :class:`~rlrunner.config.errors.RecipeError`, one line naming the key, the value and what to change.
 """
 
@@ -34,6 +34,7 @@ from rlrunner.models.settings import FamilyConfig
 from rlrunner.objectives import checks as objective_checks
 from rlrunner.rewards import checks as reward_checks
 from rlrunner.run import checks as run_checks
+from rlrunner.step import checks as step_checks
 from rlrunner.tracking import checks as tracking_checks
 from rlrunner.workers import checks as worker_checks
 
@@ -80,7 +81,7 @@ CROSS_KEY_CHECKS: tuple[CrossCheck, ...] = (
     data_checks.check_prompt_sets,
     reward_checks.check_rewards,
     model_checks.check_model_sequence,
-    cluster_checks.check_offline_placement,  # last: the shares of the placed devices, where they are known offline
+    step_checks.check_offline_placement,  # last: the shares of the placed devices, where they are known offline
 )
 
 

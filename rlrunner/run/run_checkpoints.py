@@ -15,6 +15,7 @@ from rlrunner.config.loader import to_yaml
 from rlrunner.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, write_adapters
 from rlrunner.run.checkpoint_index import saved_recipe
 from rlrunner.run.resume_point import resume_point
+from rlrunner.step.sizes import data_parallel_groups
 from rlrunner.utils.seeding import rng_state, set_rng_state
 
 # actor.optim.lr_scheduler values whose learning rates do not depend on the run's length
@@ -105,16 +106,16 @@ def check_rollout_groups(path: Path, saved: tuple[int, int], now: tuple[int, int
     ``(ranks, rollout.context_parallel_size)`` (``saved``: the checkpoint's, ``now``: this run's) makes
     ranks / context_parallel_size groups: as many groups of other sizes go on as the saved run would have."""
     (saved_ranks, saved_cp), (ranks, cp) = saved, now
-    if saved_ranks // saved_cp == ranks // cp:
+    if data_parallel_groups(saved_ranks, saved_cp) == data_parallel_groups(ranks, cp):
         return
     unit = "rank" if saved_cp == cp == 1 else "group"  # without context parallelism a rank is a group
 
     def groups(n: int, k: int) -> str:
-        return "" if unit == "rank" else f" (rollout.context_parallel_size={k}: {n // k} group(s))"
+        return "" if unit == "rank" else f" (rollout.context_parallel_size={k}: {data_parallel_groups(n, k)} group(s))"
 
     keys = "cluster.component_placement" + (", rollout.context_parallel_size" if unit == "group" else "")
     raise CheckpointError(
         f"checkpoint {path} was rolled out by {saved_ranks} rollout rank(s){groups(saved_ranks, saved_cp)}, this "
         f"placement has {ranks}{groups(ranks, cp)}: rollout noise is drawn per rollout {unit}, so the run would not "
-        f"go on as it would have; place {saved_ranks // saved_cp} rollout {unit}(s) ({keys}), or accept another "
+        f"go on as it would have; place {data_parallel_groups(saved_ranks, saved_cp)} rollout {unit}(s) ({keys}), or accept another "
         f"continuation with runner.resume_allow_changes=[cluster.component_placement]")

@@ -7,7 +7,6 @@ EMA → weight sync (LoRA tensors only) → log → eval → checkpoint.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import sys
 import time
@@ -24,7 +23,6 @@ from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import estimate_advantages, per_reward_normalized_advantages
 from rlrunner.cluster import Handle, create_cluster, write_placement_report
-from rlrunner.cluster.checks import check_placement
 from rlrunner.data.prompts import PromptSampler, load_datasets
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
@@ -36,10 +34,12 @@ from rlrunner.run.supervisor import supervise
 from rlrunner.run.watch import Watch
 from rlrunner.run.weight_sync import WeightSync
 from rlrunner.step.batch import Batch
+from rlrunner.step.checks import check_placement
 from rlrunner.step.data_plane import RolloutParts
 from rlrunner.step.device_turns import DeviceTurns
 from rlrunner.step.sample_order import TrainPlan
 from rlrunner.step.shares import reward_slices, split_evenly
+from rlrunner.step.sizes import StepSizes, rollout_rounds
 from rlrunner.tracking.console import eval_line, report_step, run_summary
 from rlrunner.tracking.logger import RunLogger, StepTimer
 from rlrunner.utils.device import precision_fallback_note
@@ -68,12 +68,11 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
         datasets = load_datasets(env)
         self.train_prompts, self.eval_prompts = datasets["train"].prompts, datasets["eval"].prompts
         self.sampler = PromptSampler(len(self.train_prompts), derive_seed(run.seed, "prompts", 0))
-        self.prompts_per_epoch = env.train.total_num_envs // alg.group_size
-        samples_per_step = env.train.total_num_envs * env.train.rollout_epoch
-        steps_per_epoch = math.ceil(len(self.train_prompts) / (self.prompts_per_epoch * env.train.rollout_epoch))
-        self.max_steps = run.max_steps if run.max_steps > 0 else run.max_epochs * steps_per_epoch
+        self.sizes = StepSizes.of(cfg, placement)  # every size of a step (rlrunner/step/sizes.py)
+        self.max_steps = (run.max_steps if run.max_steps > 0
+                          else run.max_epochs * self.sizes.steps_per_epoch(len(self.train_prompts)))
         # the LR schedule's length: fixed by max_steps, so a resume that changes it is checked (resume())
-        self.lr_schedule_steps = self.max_steps * samples_per_step // cfg.actor.global_batch_size
+        self.lr_schedule_steps = self.sizes.lr_schedule_steps(self.max_steps)
         self.actor = cluster.spawn("actor", ActorWorker, placement.devices["actor"], cfg.actor, alg,
                                    self.lr_schedule_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
@@ -163,7 +162,7 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
     # ------------------------------------------------------------------ phases
     def sample_step_rows(self) -> list[int]:
         """This step's prompts, as rows of the training prompt set."""
-        epochs = [self.sampler.sample(self.prompts_per_epoch) for _ in range(self.cfg.env.train.rollout_epoch)]
+        epochs = [self.sampler.sample(self.sizes.prompts_per_epoch) for _ in range(self.sizes.rollout_epochs)]
         return [row for epoch in epochs for row in epoch]
 
     def train_rollout(self, timer: StepTimer) -> tuple[Rollout, RewardOutput]:
@@ -197,12 +196,10 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
         and fetches only the samples it logs.
         """
         self.turns.hand_to("rollout")
-        rollout_cp, split = self.cfg.rollout.context_parallel_size, "train" if mode == "train" else "eval"
-        n_shards = self.rollout.world_size // rollout_cp
+        rollout_cp, split = self.sizes.rollout_cp, "train" if mode == "train" else "eval"
+        n_shards = self.sizes.rollout_groups
         texts = self.train_prompts if split == "train" else self.eval_prompts
-        rounds = [rows]
-        if self.cfg.runner.async_reward and len(rows) % (2 * n_shards) == 0:
-            rounds = split_evenly(rows, 2)
+        rounds = split_evenly(rows, rollout_rounds(len(rows), n_shards, self.cfg.runner.async_reward))
         plan = None
         if mode == "train":
             plan = TrainPlan.build(self.cfg.runner.seed, step, len(rows) * group_size,

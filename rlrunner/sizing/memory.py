@@ -17,7 +17,7 @@ Activation memory is a formula (:mod:`rlrunner.sizing.activations`), not a measu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from rlrunner.models.meta import ModelFolderError, build_on_meta, lora_parameter
 from rlrunner.models.shapes import ActivationProfile, SampleShapes
 from rlrunner.objectives import build_objective
 from rlrunner.sizing.activations import activation_bytes, decode_bytes
+from rlrunner.step.sizes import StepSizes
 from rlrunner.utils.device import PRECISIONS, resolve_dtype
 from rlrunner.utils.flat_state import sync_buffer_bytes
 
@@ -177,47 +178,23 @@ def _blocks(denoiser: Any) -> list[Any]:
 
 
 @dataclass(frozen=True)
-class StepGeometry:
-    """Batch sizes of one training step, derived from the recipe (as the runner derives them)."""
+class StepGeometry(StepSizes):
+    """The step's sizes (:class:`~rlrunner.step.sizes.StepSizes`, as the runner derives them) and what the memory
+    plan reads beside them."""
 
-    samples: int  # N = env.train.total_num_envs x rollout_epoch
-    group_size: int
-    rollout_workers: int
-    actor_ranks: int
-    rollout_rounds: int  # the runner splits a step's prompts into 2 rounds to overlap reward scoring with rollout
-    micro_batch_size: int
-    cfg_factor: int  # 2 when rollouts use classifier-free guidance (negative and conditional halves)
-    num_logged_samples: int
+    cfg_factor: int = 1  # 2 when rollouts use classifier-free guidance (negative and conditional halves)
+    num_logged_samples: int = 0
     kept_latents: int = 0  # latent-sized tensors the algorithm's rollout keeps per sample besides x0
-    actor_cp: int = 1  # actor.context_parallel_size: ranks per sample
-    rollout_cp: int = 1  # rollout.context_parallel_size: devices per rollout shard
-
-    @property
-    def prompts(self) -> int:
-        return self.samples // self.group_size
-
-    @property
-    def samples_per_rollout_call(self) -> int:
-        """Samples one rollout worker (group, with context parallelism) generates in one ``generate`` call."""
-        return self.samples // self.rollout_rounds // (self.rollout_workers // self.rollout_cp)
 
 
 def step_geometry(cfg: Any, placement: Any, guidance: Guidance) -> StepGeometry:
-    """The step's batch sizes for ``cfg`` on ``placement``; ``guidance`` (:attr:`ModelSizes.guidance`) says how many
+    """The step's sizes for ``cfg`` on ``placement``; ``guidance`` (:attr:`ModelSizes.guidance`) says how many
     denoiser passes a rollout step runs (2 for classifier-free guidance: negative and conditional halves)."""
-    rollout_workers = placement.num_workers("rollout")
-    prompts = cfg.env.train.total_num_envs // cfg.algorithm.group_size * cfg.env.train.rollout_epoch
-    shards = rollout_workers // cfg.rollout.context_parallel_size
-    rounds = 2 if cfg.runner.async_reward and prompts % (2 * shards) == 0 else 1
+    sizes = StepSizes.of(cfg, placement)
     family = cfg.actor.model[cfg.actor.model.model_type]
-    return StepGeometry(
-        samples=cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch, group_size=cfg.algorithm.group_size,
-        rollout_workers=rollout_workers, actor_ranks=placement.num_workers("actor"), rollout_rounds=rounds,
-        micro_batch_size=cfg.actor.micro_batch_size, cfg_factor=guidance.passes,
-        num_logged_samples=min(cfg.runner.num_logged_samples, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch),
-        kept_latents=build_objective(cfg.algorithm, family, guidance).kept_latents_per_sample(),
-        actor_cp=cfg.actor.context_parallel_size, rollout_cp=cfg.rollout.context_parallel_size,
-    )
+    return StepGeometry(**{f.name: getattr(sizes, f.name) for f in fields(StepSizes)}, cfg_factor=guidance.passes,
+                        num_logged_samples=min(cfg.runner.num_logged_samples, sizes.samples),
+                        kept_latents=build_objective(cfg.algorithm, family, guidance).kept_latents_per_sample())
 
 
 @dataclass(frozen=True)
@@ -350,9 +327,8 @@ def env_plan(env_cfg: Any) -> ComponentPlan:
 
 def host_buffer_parts(sizes: ModelSizes, geometry: StepGeometry) -> list[Part]:
     """One step's rollout result per rollout worker (host memory of its node; tensors return as CPU tensors)."""
-    shards = geometry.rollout_workers // geometry.rollout_cp  # a context-parallel group's first rank holds its shard
-    rows = geometry.samples // shards
-    prompts = geometry.prompts // shards
+    # a context-parallel group's first rank holds its shard
+    rows, prompts = geometry.samples_per_rollout_group, geometry.prompts_per_rollout_group
     parts = [
         Part("rollout", "x0", sizes.latent_bytes(rows), f"[{rows}, {', '.join(map(str, sizes.shapes.latent))}] fp32"),
         Part("rollout", "conditioning, once per prompt", sizes.cond_bytes(prompts),

@@ -106,7 +106,7 @@ def step_prediction(sim: Simulation, geometry: Any, gpu: str, mfu: float) -> dic
     rollout_flops = sum(rollout.flops.values()) * geometry.rollout_rounds if rollout else 0
     actor_flops = sum(actor.flops.values()) if actor else 0
     seconds = rollout_flops / peak + actor_flops / peak
-    workers = max(geometry.rollout_workers // geometry.rollout_cp, 1)
+    workers = max(geometry.rollout_groups, 1)
     total = rollout_flops * workers + actor_flops * geometry.actor_ranks
     devices = max(geometry.rollout_workers, geometry.actor_ranks, 1)
     return {"flops_per_step": float(total), "step_seconds": seconds,

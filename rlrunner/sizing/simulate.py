@@ -128,7 +128,7 @@ def simulate_rollout(cfg: Any, geometry: Any, fake: bool = True) -> tuple[Compon
             model.enable_context_parallel(outside_fake(parallel_mesh)("cpu", cp, cp, "ulysses"))
         run.swappable = _storage_bytes(model.transformer)
         run.not_simulated.append("rollout: text encoders' forward (no prompts are tokenized; their weights count)")
-        cond = model.repeat_cond(_cond(model.shapes, samples // geometry.group_size or 1, dtype), geometry.group_size)
+        cond = model.repeat_cond(_cond(model.shapes, geometry.prompts_per_rollout_call or 1, dtype), geometry.group_size)
         if model.guidance == "cfg" and model.resolved_guidance.scale > 1:
             model._negative_cond = _cond(model.shapes, 1, dtype)  # the negative prompt's conditioning, encoded
         noise = _zeros((samples, *model.latent_shape), torch.float32)
@@ -162,10 +162,8 @@ def actor_samples(cfg: Any, geometry: Any) -> tuple[int, int]:
     """(samples this rank trains on in a step, samples the simulation trains it on): one optimizer step of at most
     :data:`SIMULATED_MICRO_BATCHES` micro-batches, which reaches the step's peak (gradients held, the sync pass,
     AdamW); the step's other micro-batches repeat it."""
-    groups = geometry.actor_ranks // geometry.actor_cp
-    per_rank = geometry.samples // groups
-    local_batch = cfg.actor.global_batch_size // groups
-    return per_rank, min(per_rank, local_batch, SIMULATED_MICRO_BATCHES * geometry.micro_batch_size)
+    per_rank = geometry.samples_per_group
+    return per_rank, min(per_rank, geometry.local_batch, SIMULATED_MICRO_BATCHES * geometry.micro_batch_size)
 
 
 def _actor_batch(geometry: Any, model: Any, train: dict, dtype: torch.dtype, n: int) -> tuple:
@@ -190,8 +188,7 @@ def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> C
     started = time.perf_counter()
     run = ComponentRun("actor")
     per_rank, simulated = actor_samples(cfg, geometry)
-    groups = geometry.actor_ranks // geometry.actor_cp
-    actor_cfg = OmegaConf.merge(cfg.actor, {"global_batch_size": simulated * groups})
+    actor_cfg = OmegaConf.merge(cfg.actor, {"global_batch_size": simulated * geometry.actor_groups})
     dtype = PRECISIONS[str(actor_cfg.model.precision)]
     fake_mode, tracker = _modes(fake)
 

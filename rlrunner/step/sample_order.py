@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlrunner.step.sizes import data_parallel_groups, optimizer_step_share
 from rlrunner.utils.seeding import derive_seed
 
 
@@ -41,7 +42,7 @@ def optimizer_step_shards(num_samples: int, global_batch_size: int, world_size: 
     if num_samples % global_batch_size or global_batch_size % world_size:
         raise ValueError(f"{num_samples} samples cannot form whole optimizer steps of {global_batch_size} shared "
                          f"by {world_size} ranks")
-    windows = torch.arange(num_samples).view(-1, world_size, global_batch_size // world_size)
+    windows = torch.arange(num_samples).view(-1, world_size, optimizer_step_share(global_batch_size, world_size))
     return [windows[:, rank].reshape(-1) for rank in range(world_size)]
 
 
@@ -78,7 +79,8 @@ class TrainPlan:
         if world_size % context_parallel_size:
             raise ValueError(f"{world_size} actor ranks cannot form groups of context_parallel_size "
                              f"{context_parallel_size}")
-        positions = optimizer_step_shards(num_samples, global_batch_size, world_size // context_parallel_size)
+        groups = data_parallel_groups(world_size, context_parallel_size)
+        positions = optimizer_step_shards(num_samples, global_batch_size, groups)
         return cls(train_order(seed, step, num_samples), positions, context_parallel_size)
 
     @property

@@ -18,6 +18,7 @@ from rlrunner.models import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.step.batch import Batch
 from rlrunner.step.sample_order import level_seed, noise_seed
+from rlrunner.step.sizes import data_parallel_groups, optimizer_step_share
 from rlrunner.utils.flat_state import FlatState, gather_flat, unpack_flat
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 
@@ -54,7 +55,7 @@ class ActorWorker:
 
         self.cfg, self.alg = actor_cfg, algorithm_cfg
         self.rank, self.world_size = rank, world_size
-        self.data_parallel_size = world_size // actor_cfg.context_parallel_size  # groups that train their own samples
+        self.data_parallel_size = data_parallel_groups(world_size, actor_cfg.context_parallel_size)
         self.family_cfg = actor_cfg.model[actor_cfg.model.model_type]
         torch.manual_seed(derive_seed(actor_cfg.seed, "actor-init", 0, 0))  # identical LoRA init on every rank
         # the actor trains on latents with the rollout's conditioning: it never encodes prompts nor decodes, so it
@@ -88,7 +89,7 @@ class ActorWorker:
         batch = Batch.cat(rollout).select(index)
         batch.tensors.update(advantages=advantages, sample_index=sample_index)
         self.objective.begin_update(self.model)
-        local_batch = self.cfg.global_batch_size // self.data_parallel_size
+        local_batch = optimizer_step_share(self.cfg.global_batch_size, self.data_parallel_size)
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         for opt_batch in batch.split(local_batch):

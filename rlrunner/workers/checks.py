@@ -1,5 +1,5 @@
 """The checks of the actor worker's keys: its batch sizes, seed and optimizer (``actor.optim.*``). How the batches
-share the placed devices is checked with the placement (:func:`rlrunner.cluster.checks.check_placement`).
+share the placed devices is checked with the placement (:func:`rlrunner.step.checks.check_placement`).
 Registered in :mod:`rlrunner.recipe`."""
 
 from __future__ import annotations

@@ -148,7 +148,8 @@ def test_rollout_steps_take_turns_and_offloaded_parts_visit_for_theirs():
 
     sizes = _toy_sizes(text_encoder_bytes={"text_encoder": 5000}, vae_bytes=9000,
                        profile=ActivationProfile(sampling=10.0, decode=2.0), decode_batch_size=2)
-    geometry = StepGeometry(samples=4, group_size=2, rollout_workers=1, actor_ranks=1, rollout_rounds=1,
+    geometry = StepGeometry(samples=4, group_size=2, rollout_epochs=1, rollout_workers=1, rollout_cp=1, actor_ranks=1,
+                            actor_cp=1, global_batch_size=4,
                             micro_batch_size=2, cfg_factor=1, num_logged_samples=0)
     decode = 2 * 8 * 8 * 2.0  # 2 samples a call, 8 x 8 pixels, 2 bytes a pixel
     sampling = 10 * 4 * 7 * 8 * 2  # 4 samples, s = 7, h = 8, bf16
@@ -197,7 +198,8 @@ def test_activation_profile_constants_by_hand():
 
 
 def test_fsdp2_shards_the_actor_over_its_ranks():
-    geometry = StepGeometry(samples=16, group_size=4, rollout_workers=1, actor_ranks=4, rollout_rounds=1,
+    geometry = StepGeometry(samples=16, group_size=4, rollout_epochs=1, rollout_workers=1, rollout_cp=1, actor_ranks=4,
+                            actor_cp=1, global_batch_size=16,
                             micro_batch_size=2, cfg_factor=1, num_logged_samples=4)
     sizes = _toy_sizes(largest_block_bytes=300, non_block_bytes=200)
     ddp = {p.name: p.nbytes for p in actor_plan(sizes, geometry, "ddp", True).parts}

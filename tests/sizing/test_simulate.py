@@ -21,7 +21,8 @@ from rlrunner.sizing.simulate import simulate_actor, simulate_rollout
 
 REPO = Path(__file__).resolve().parents[2]
 #: one rollout call of 4 samples (2 prompts x 2), the actor trains them in 2 micro-batches of 2 on one rank
-GEOMETRY = StepGeometry(samples=4, group_size=2, rollout_workers=1, actor_ranks=1, rollout_rounds=1,
+GEOMETRY = StepGeometry(samples=4, group_size=2, rollout_epochs=1, rollout_workers=1, rollout_cp=1, actor_ranks=1,
+                        actor_cp=1, global_batch_size=4,
                         micro_batch_size=2, cfg_factor=1, num_logged_samples=0)
 
 
