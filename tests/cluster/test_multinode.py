@@ -22,14 +22,11 @@ from types import SimpleNamespace
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
 from test_ray_backend import _Alarm
 
-from rlrunner.run.checkpoint import complete_checkpoints
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the runner tests' recipe helpers
-from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
-
 from rlrunner.recipe import load_recipe
+from rlrunner.run.checkpoint import complete_checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -26,10 +26,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_ray_backend import _Alarm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the runner tests' recipe helpers
 from runner_helpers import SMALL_OVERRIDES, make_assets, train_metrics
+from test_ray_backend import _Alarm
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

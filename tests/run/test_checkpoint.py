@@ -21,7 +21,8 @@ from rlrunner.config.errors import RecipeError
 from rlrunner.run.checkpoint import ACTOR_FILE, CheckpointError, complete_checkpoints, load_checkpoint, save_checkpoint
 from rlrunner.run.runner import Runner, run
 
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = ROOT / "tests" / "helpers"  # runner_helpers, for the scripts run in a subprocess
 MODEL_INFO_KEYS = ("model_type", "model_path", "lora_rank", "lora_alpha")
 
 
@@ -86,7 +87,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous_complete(uninterr
     flag = tmp_path / "writing"
     script = f"""
 import sys, time
-sys.path.insert(0, {str(TESTS)!r})
+sys.path.insert(0, {str(HELPERS)!r})
 from pathlib import Path
 import rlrunner.run.run_checkpoints as runner_module
 from rlrunner.run.runner import run
@@ -107,7 +108,7 @@ log_dir = root / "logs" / "20260101-000000-crash"
 log_dir.mkdir(parents=True)
 run(small_recipe(root, "runner.max_steps=6", "runner.save_interval=2"), log_dir)
 """
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=TESTS.parent)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
     deadline = time.monotonic() + 300
     while not flag.exists():
         assert proc.poll() is None, "training process ended before the checkpoint write"
@@ -268,11 +269,11 @@ def test_sigkill_at_random_moments_then_auto_resume_ends_bitwise_like_an_uninter
     # no evals (they change no training state), so the four processes spend their time on steps
     overrides = ["runner.max_steps=6", "runner.save_interval=2", "runner.resume_dir=auto", "runner.val_before_train=false",
                  "runner.val_check_interval=0"]
-    script = KILLED_RUN.format(tests=str(TESTS))
+    script = KILLED_RUN.format(tests=str(HELPERS))
     for attempt, (step, phase) in enumerate(kills):
         name = f"20260101-00000{attempt}-kill"
         proc = subprocess.run([sys.executable, "-c", script, str(step), phase, str(tmp_path), name, *overrides],
-                              check=False, cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
+                              check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode == -signal.SIGKILL, f"kill at step {step} ({phase}) did not happen: {proc.stderr}"
         checkpoints = tmp_path / "logs" / name / "checkpoints"
         complete = [p.name for p in complete_checkpoints(checkpoints)] if checkpoints.exists() else []
