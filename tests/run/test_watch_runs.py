@@ -1,14 +1,15 @@
 """The reward-hacking watch on a run that games its reward: the CPU model trained on ``jpeg_compressibility`` (flat
 images compress best) with the eval reward left as OCR. Issue 43 measured the training reward 0.44 -> 0.83 while
-the held-out OCR fell 0.759 -> 0.022 by step 10; the watch must fire within 40 steps, stop the run with its exit
-status and a checkpoint (``runner.watch.action: stop``), and ``runner.resume_dir=auto`` must go on from there."""
+the held-out OCR fell 0.759 -> 0.022 by step 10; the watch must fire within 40 steps and stop the run with its exit
+status and a checkpoint (``runner.watch.action: stop``). That ``runner.resume_dir=auto`` goes on from there, in
+alarm, is checked in seconds on a scripted reward (tests/run/test_watch_stop.py)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from rlrunner.run.outcome import EXIT_FINISHED, EXIT_WATCH_STOPPED
+from rlrunner.run.outcome import EXIT_WATCH_STOPPED
 from tests.commands.test_launcher import launch
 
 HACKED = ("env.train.reward.model=jpeg_compressibility", "env.eval.total_num_envs=32", "runner.val_check_interval=5",
@@ -20,7 +21,7 @@ def records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_the_watch_stops_a_gamed_run_with_a_checkpoint_and_resume_goes_on(tmp_path):
+def test_the_watch_stops_a_gamed_run_with_a_checkpoint(tmp_path):
     stopped = launch(*HACKED, "runner.max_steps=40", log_root=tmp_path, timeout=1200)
     assert stopped.returncode == EXIT_WATCH_STOPPED, stopped.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
@@ -34,13 +35,3 @@ def test_the_watch_stops_a_gamed_run_with_a_checkpoint_and_resume_goes_on(tmp_pa
     last = stopped.stderr.strip().splitlines()[-1]
     assert last.startswith(f"rlrunner: the reward-hacking watch stopped the run after step {fired} ") and \
            "runner.resume_dir=auto" in last, last
-
-    # resumed in alarm, the run goes on (only a new alarm stops it again) to its end
-    resumed = launch(*HACKED, f"runner.max_steps={fired + 2}", "runner.val_check_interval=2",
-                     "runner.resume_dir=auto", log_root=tmp_path, timeout=600)
-    assert resumed.returncode == EXIT_FINISHED, resumed.stderr[-3000:]
-    assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{fired}'} at step {fired}" in resumed.stderr
-    (second,) = set(tmp_path.iterdir()) - {run_dir}
-    evals = [r for r in records(second) if "watch/alarm" in r]
-    assert [r["step"] for r in evals] == [fired + 2] and evals[0]["watch/alarm"] == 1  # step-0 values kept
-    assert "the watch's alarm fired" not in resumed.stderr  # this run's own summary: no new alarm
