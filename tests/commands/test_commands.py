@@ -2,10 +2,9 @@
 
 import re
 import subprocess
-import sys
 
 import pytest
-from shell_helpers import ROOT, clean_env
+from shell_helpers import ROOT, clean_env, run_handed_in_process
 
 from rlrunner.commands import keys, plan
 from rlrunner.run import outcome
@@ -14,9 +13,8 @@ EXIT_CODES = sorted(value for name, value in vars(outcome).items() if name.start
 
 
 def rlrunner(*args: str) -> subprocess.CompletedProcess:
-    env = {**clean_env(), "PYTHON": sys.executable}
-    return subprocess.run(["bash", str(ROOT / "bin/rlrunner"), *args], check=False, cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    """``bin/rlrunner args``: the script for real, the Python command it hands over in this process."""
+    return run_handed_in_process(["bash", str(ROOT / "bin/rlrunner"), *args], clean_env(), timeout=120)
 
 
 def test_every_leaf_key_has_a_meaning_beside_its_field():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from shell_helpers import ROOT, clean_env
+from shell_helpers import ROOT, clean_env, run_handed_in_process
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlrunner.recipe import load_recipe
@@ -24,8 +24,16 @@ def launch(*args: str, log_root: Path, timeout: int = 300) -> subprocess.Complet
                           timeout=timeout)
 
 
+def launch_handing_in_process(*args: str, log_root: Path) -> subprocess.CompletedProcess:
+    """:func:`launch` for a command that stops before training (a dry run, a refused recipe): the launcher runs, the
+    Python command it hands over runs in this process."""
+    env = {**clean_env(), "RLRUNNER_LOG_ROOT": str(log_root)}
+    return run_handed_in_process(["bash", str(LAUNCHER), *args], env)
+
+
 def test_dry_run_prints_the_resolved_recipe_and_creates_no_log_dir(tmp_path):
-    result = launch("tiny_nft_ocr", "actor.optim.lr=1e-4", "--dry-run", "runner.max_steps=3", log_root=tmp_path)
+    result = launch_handing_in_process("tiny_nft_ocr", "actor.optim.lr=1e-4", "--dry-run", "runner.max_steps=3",
+                                      log_root=tmp_path)
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)
     assert resolved["actor"]["optim"]["lr"] == 1e-4 and resolved["runner"]["max_steps"] == 3
@@ -61,7 +69,7 @@ def test_help_prints_whole_descriptions_with_their_indented_lines(tmp_path):
 
 @pytest.mark.parametrize("flag", [["--config-name", "tiny_nft_ocr"], ["--config-name=tiny_nft_ocr"]])
 def test_config_name_flag_names_the_run_after_that_recipe(tmp_path, flag):
-    result = launch(*flag, "--dry-run", log_root=tmp_path)
+    result = launch_handing_in_process(*flag, "--dry-run", log_root=tmp_path)
     assert result.returncode == 0, result.stderr
     assert re.search(rf"a run would log to {re.escape(str(tmp_path))}/\d{{8}}-\d{{6}}-tiny_nft_ocr$", result.stderr,
                      re.MULTILINE), result.stderr
@@ -70,7 +78,7 @@ def test_config_name_flag_names_the_run_after_that_recipe(tmp_path, flag):
 
 
 def test_unknown_recipe_lists_available_ones(tmp_path):
-    result = launch("no_such_recipe", log_root=tmp_path)
+    result = launch_handing_in_process("no_such_recipe", log_root=tmp_path)
     assert result.returncode == 2
     assert "no recipe named 'no_such_recipe'" in result.stderr
     assert "/config. Available recipes: flux1_dev_nft_ocr, " in result.stderr  # sorted
@@ -81,7 +89,7 @@ def test_unknown_recipe_lists_available_ones(tmp_path):
 
 
 def test_misspelt_key_fails_naming_it_and_leaves_no_log_folder(tmp_path):
-    result = launch("tiny_nft_ocr", "actor.optim.lrr=1", log_root=tmp_path)
+    result = launch_handing_in_process("tiny_nft_ocr", "actor.optim.lrr=1", log_root=tmp_path)
     assert result.returncode == 2
     assert "actor.optim.lrr" in result.stderr and "did you mean 'actor.optim.lr'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -89,7 +97,7 @@ def test_misspelt_key_fails_naming_it_and_leaves_no_log_folder(tmp_path):
 
 
 def test_dry_run_before_the_recipe_name_prints_only_the_blocks_it_uses(tmp_path):
-    result = launch("--dry-run", "tiny_nft_ocr", "actor.optim.lr=1e-4", log_root=tmp_path)
+    result = launch_handing_in_process("--dry-run", "tiny_nft_ocr", "actor.optim.lr=1e-4", log_root=tmp_path)
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)
     assert resolved["algorithm"]["name"] == "nft" and resolved["actor"]["optim"]["lr"] == 1e-4
