@@ -168,14 +168,10 @@ def _one_line(err: Exception, key: str) -> str:
 
 def _component_configs(folder: Path, index: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``<component>/config.json`` of each model component ``model_index.json`` lists (what shape rules read)."""
-    import json
+    from rlrunner.models.meta import CONFIG_FILE, read_config_file
 
-    configs = {}
-    for name in index:
-        path = folder / name / "config.json"
-        if not name.startswith("_") and path.is_file():
-            configs[name] = json.loads(path.read_text())
-    return configs
+    return {name: read_config_file(folder / name / CONFIG_FILE, f"{name} is listed in model_index.json")
+            for name in index if not name.startswith("_") and (folder / name / CONFIG_FILE).is_file()}
 
 
 def check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:

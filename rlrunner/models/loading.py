@@ -10,7 +10,6 @@ with its other components passed as ``None``, so their weights are never read, n
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlrunner.models.meta import MODEL_INDEX, read_config_file
 from rlrunner.models.pixels import resolution_hw
 
 #: the pipeline components a denoiser-only model (the actor's) loads (transformer_2: the second expert of a
@@ -28,22 +28,16 @@ DENOISER_PARTS = ("transformer", "transformer_2", "scheduler")
 def read_model_index(model_path: str) -> dict[str, Any] | None:
     """``model_index.json`` of a local diffusers folder (``None`` for a hub id, which is read when it is loaded).
 
-    Raises ``ValueError`` (empty path, unreadable index) or ``FileNotFoundError`` (a local path that does not exist
-    or lacks ``model_index.json``), each naming the path.
+    Raises ``ValueError`` (an empty path) or ``FileNotFoundError`` (a local path that does not exist; a folder whose
+    ``model_index.json`` is missing or unreadable: :class:`~rlrunner.models.meta.ModelFolderError`), each naming
+    the path.
     """
     if not model_path:
         raise ValueError("actor.model.model_path is empty; set it to a local diffusers folder or a hub id 'org/name'")
     path = Path(model_path).expanduser()
     if path.is_dir():
-        index = path / "model_index.json"
-        if not index.is_file():
-            raise FileNotFoundError(f"actor.model.model_path {model_path!r} has no model_index.json: it is not a "
-                                    f"diffusers pipeline folder (save one with the pipeline's save_pretrained)")
-        try:
-            return json.loads(index.read_text())
-        except (OSError, ValueError) as err:
-            raise ValueError(f"actor.model.model_path {model_path!r}: model_index.json cannot be read as JSON "
-                             f"({str(err).splitlines()[0]})") from None
+        return read_config_file(path / MODEL_INDEX, f"actor.model.model_path {model_path!r} is not a diffusers "
+                                                    f"pipeline folder (save one with the pipeline's save_pretrained)")
     if model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1 or path.exists():
         raise FileNotFoundError(f"actor.model.model_path {model_path!r} does not exist; expected a local diffusers "
                                 f"folder with model_index.json or a hub id 'org/name'")

@@ -39,7 +39,9 @@ class Component:
     folder: Path
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
+def read_config_file(path: Path, what: str) -> dict[str, Any]:
+    """A model folder's JSON file (``model_index.json``, a component's ``config.json``): the one reader of them;
+    missing (``what`` says why it is needed) or unreadable, a :class:`ModelFolderError` naming the path."""
     if not path.is_file():
         raise ModelFolderError(f"{path} is missing: {what}")
     try:
@@ -83,7 +85,7 @@ def read_components(folder: str | Path) -> tuple[dict[str, Any], dict[str, Compo
     if not folder.is_dir():
         raise ModelFolderError(f"model folder {folder} does not exist; point actor.model.model_path at a local "
                                f"diffusers folder (model_index.json and each component's config.json suffice)")
-    index = _read_json(folder / MODEL_INDEX, "a diffusers model folder has one (the pipeline's component list)")
+    index = read_config_file(folder / MODEL_INDEX, "a diffusers model folder has one (the pipeline's component list)")
     components: dict[str, Component] = {}
     for name, entry in index.items():
         if name.startswith("_") or not (isinstance(entry, list) and len(entry) == 2
@@ -92,7 +94,7 @@ def read_components(folder: str | Path) -> tuple[dict[str, Any], dict[str, Compo
         cls = _is_model_component(folder, name, entry)
         if cls is None:
             continue
-        config = _read_json(folder / name / CONFIG_FILE, f"{name} is listed in {MODEL_INDEX} as {entry[1]}")
+        config = read_config_file(folder / name / CONFIG_FILE, f"{name} is listed in {MODEL_INDEX} as {entry[1]}")
         components[name] = Component(name, cls, config, folder / name)
     return index, components
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,10 +37,11 @@ from diffusers import ConfigMixin, ModelMixin, UNet2DConditionModel
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from rlrunner.models.meta import MODEL_INDEX, read_config_file
+
 #: digits without 0 and 1 (the OCR engine confuses them with O / I)
 DEFAULT_ALPHABET = "23456789"
 PAD_ID, UNK_ID = 0, 1
-MODEL_INDEX = "model_index.json"
 NUM_COORD_CHANNELS = 2
 #: layout of the rendered strings (``scripts/pretrain_tiny.py``): character ``i`` is centred in pixel columns
 #: ``[LEFT_MARGIN + i * SLOT_WIDTH, LEFT_MARGIN + (i + 1) * SLOT_WIDTH)``
@@ -225,8 +227,7 @@ def load_tiny_components(
         if not os.path.exists(needed):
             raise FileNotFoundError(f"{needed!r} is missing: {path!r} is not a tiny model folder (expected "
                                     f"{MODEL_INDEX}, unet/ and text_encoder/ as written by scripts/pretrain_tiny.py)")
-    with open(index_file) as f:
-        index = json.load(f)
+    index = read_config_file(Path(index_file), "the tiny model's component list")
     unet = UNet2DConditionModel.from_pretrained(os.path.join(path, "unet"), torch_dtype=dtype)
     text_folder = os.path.join(path, "text_encoder")
     if not text_encoder:
