@@ -36,7 +36,7 @@ The API the runner uses:
 * :func:`complete_checkpoints` -- one folder's complete checkpoints, oldest first by :func:`save_order`.
 
 Which checkpoint a resume, an in-run restart or an export takes: :mod:`rlrunner.run.checkpoint_index`; whether the
-resuming recipe allows it: :mod:`rlrunner.run.resume_point`.
+resuming recipe allows it: :mod:`rlrunner.run.checkpointer`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which checkpoint: the one index that resume (``runner.resume_dir``), in-run restart (:func:`restart_point`) and
 export (``bin/rlrunner export``) ask. The files of one checkpoint: :mod:`rlrunner.run.checkpoint`; whether its
-recipe allows a resume: :mod:`rlrunner.run.resume_point`.
+recipe allows a resume: :mod:`rlrunner.run.checkpointer`.
 
 Complete means the checkpoint has its manifest (written last: a ``global_step_N.tmp`` or a ``global_step_N`` a crash
 cut short before the manifest is never listed); a ``global_step_N.old`` that an interrupted re-save left stands for

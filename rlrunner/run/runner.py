@@ -22,28 +22,26 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rlrunner.algorithms.advantages import estimate_advantages, per_reward_normalized_advantages
-from rlrunner.cluster import Handle, create_cluster, write_placement_report
+from rlrunner.cluster import create_cluster, write_placement_report
 from rlrunner.data.prompts import PromptSampler, load_datasets
 from rlrunner.objectives import objective_class
 from rlrunner.rewards import RewardOutput, RewardUnavailable
 from rlrunner.run.checkpoint import complete_checkpoints
+from rlrunner.run.checkpointer import Checkpointer
 from rlrunner.run.preemption import FINISHED, Preempted, StopSignals
-from rlrunner.run.run_checkpoints import RunCheckpoints
-from rlrunner.run.run_logging import RunLogging
+from rlrunner.run.rollout_scoring import RolloutHandles, RolloutScoring
+from rlrunner.run.run_logging import log_samples, logs_samples_at, reward_metrics
 from rlrunner.run.supervisor import supervise
 from rlrunner.run.watch import Watch
 from rlrunner.run.weight_sync import WeightSync
 from rlrunner.step.batch import Batch
 from rlrunner.step.checks import check_placement
-from rlrunner.step.data_plane import RolloutParts
 from rlrunner.step.device_turns import DeviceTurns
-from rlrunner.step.sample_order import TrainPlan
-from rlrunner.step.shares import reward_slices, split_evenly
-from rlrunner.step.sizes import StepSizes, rollout_rounds
+from rlrunner.step.sizes import StepSizes
 from rlrunner.tracking.console import eval_line, report_step, run_summary
 from rlrunner.tracking.logger import RunLogger, StepTimer
 from rlrunner.utils.device import precision_fallback_note
-from rlrunner.utils.seeding import derive_seed
+from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.env import EnvWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker
@@ -55,7 +53,17 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts])) for k in dicts[0]}
 
 
-class Runner(RunCheckpoints, RunLogging, WeightSync):
+class Runner:
+    """The single controller of a training run: it calls the actor, rollout and env (reward) worker groups, which
+    never call each other, and holds the driver's state between steps.
+
+    Its parts, each with its own state: the prompt sampler, :class:`~rlrunner.run.weight_sync.WeightSync` (which
+    adapters the rollout holds), :class:`~rlrunner.run.checkpointer.Checkpointer` (where it saves, what it may
+    resume), :class:`~rlrunner.run.watch.Watch` (the reward-hacking watch) and the device turns of collocated
+    groups. :meth:`state_dict` is everything a checkpoint saves beside the actor's state, :meth:`load_state_dict`
+    restores it, so a resumed run goes on exactly as the saved one would have.
+    """
+
     def __init__(self, cfg: DictConfig, log_dir: Path, cluster: Any, *, resume_dir: str | None = None,
                  run_logger: RunLogger | None = None, stop_requested: Callable[[], str] | None = None) -> None:
         """Start the workers on ``cluster``, resume (``resume_dir``, default ``runner.resume_dir``), then open the
@@ -94,16 +102,17 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
         self.ahead: RolloutAhead | None = None
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
-        self.rollout_adapters: dict[str, Any] = {}  # the last sync's (flat per adapter), as the rollout holds them
-        self.synced_step = -1  # the global step whose adapters the last sync sent
-        self.saved_step = -1  # the global step of the newest checkpoint of this run (or the one it resumed)
+        self.scoring = RolloutScoring(cfg, self.sizes, self.turns, self.rollout, self.env, self.actor.world_size,
+                                      {"train": self.train_prompts, "eval": self.eval_prompts})
+        self.weights = WeightSync(self.turns, self.rollout, objective_class(alg.name).sampling_adapter)
         model = cfg.actor.model
         family = model[model.model_type]
-        self.model_info = {"model_type": model.model_type, "model_path": model.model_path,
-                           "lora_rank": family.lora_rank, "lora_alpha": family.lora_alpha}
+        self.checkpointer = Checkpointer(cfg, self.log_dir, {
+            "model_type": model.model_type, "model_path": model.model_path,
+            "lora_rank": family.lora_rank, "lora_alpha": family.lora_alpha})
         resume_dir = run.resume_dir if resume_dir is None else resume_dir
         if not (resume_dir and self.resume(resume_dir)):
-            self.sync_weights()
+            self.weights.sync(self.step)
         self.run_logger = run_logger or RunLogger(self.log_dir, run.logger, OmegaConf.to_container(cfg, resolve=True))
 
     # ------------------------------------------------------------------ the loop
@@ -150,12 +159,12 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
             self.step += 1
             with timer("sync"):
                 if self.step % self.cfg.runner.weight_sync_interval == 0:
-                    self.sync_weights()
-        metrics = {**self.reward_metrics("env", reward), **actor_metrics, "train/actor/ema_tau": tau,
+                    self.weights.sync(self.step)
+        metrics = {**reward_metrics("env", reward), **actor_metrics, "train/actor/ema_tau": tau,
                    **timer.metrics()}
         self.run_logger.scalars(metrics, self.step)
         self.watch.train_reward(metrics["env/avg"])
-        if self.logs_samples_at(self.step):
+        if logs_samples_at(self.cfg.runner.sample_log_interval, self.step):
             self.log_samples("train/samples", rollout.logged, reward)
         return metrics
 
@@ -165,7 +174,7 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
         epochs = [self.sampler.sample(self.sizes.prompts_per_epoch) for _ in range(self.sizes.rollout_epochs)]
         return [row for epoch in epochs for row in epoch]
 
-    def train_rollout(self, timer: StepTimer) -> tuple[Rollout, RewardOutput]:
+    def train_rollout(self, timer: StepTimer) -> tuple[RolloutHandles, RewardOutput]:
         """This step's rollout: the one started during the previous step, or a fresh one."""
         if self.ahead is None:
             return self.rollout_and_score(self.sample_step_rows(), self.cfg.algorithm.group_size, "train",
@@ -180,68 +189,15 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
         timer = StepTimer()
         future = self._ahead_pool.submit(self.rollout_and_score, rows, self.cfg.algorithm.group_size, "train",
                                          timer, step)
-        self.ahead = RolloutAhead(rows, step, dict(self.rollout_adapters), future, timer)
+        self.ahead = RolloutAhead(rows, step, dict(self.weights.adapters), future, timer)
 
     def rollout_and_score(self, rows: list[int], group_size: int, mode: str, timer: StepTimer,
-                          step: int) -> tuple[Rollout, RewardOutput]:
-        """Sample ``group_size`` images for each prompt (``rows`` of the split's prompt set) and score them; scoring
-        round k overlaps the rollout of round k+1. Each sample carries its row, and with it its metadata, to the
-        reward.
-
-        Splitting, once each: the prompts into rollout rounds (2 with ``runner.async_reward``), a round into one
-        shard per rollout group (``rollout.context_parallel_size`` workers), its samples into one slice per scorer
-        thread of each env worker (:meth:`submit_reward`), and (training) each shard's rows into one part per actor
-        group, by the step's :class:`TrainPlan` (it depends only on the seed and ``step``). Each shard's result stays
-        with its worker, cut there into the named parts of :class:`RolloutParts`; the driver holds :class:`Handle` s
-        and fetches only the samples it logs.
-        """
-        self.turns.hand_to("rollout")
-        rollout_cp, split = self.sizes.rollout_cp, "train" if mode == "train" else "eval"
-        n_shards = self.sizes.rollout_groups
-        texts = self.train_prompts if split == "train" else self.eval_prompts
-        rounds = split_evenly(rows, rollout_rounds(len(rows), n_shards, self.cfg.runner.async_reward))
-        plan = None
-        if mode == "train":
-            plan = TrainPlan.build(self.cfg.runner.seed, step, len(rows) * group_size,
-                                   self.cfg.actor.global_batch_size, self.actor.world_size,
-                                   self.cfg.actor.context_parallel_size)
-        to_log = self.cfg.runner.num_logged_samples if mode != "train" or self.logs_samples_at(step + 1) else 0
-        train: list[list[Handle[Batch]]] = [[] for _ in range(plan.groups if plan else 0)]
-        logged: list[Batch] = []
-        tickets, start = [], 0
-        for index, round_rows in enumerate(rounds):
-            shards = split_evenly(round_rows, n_shards)
-            sizes = [len(shard) * group_size for shard in shards]
-            offsets = np.cumsum([start, *sizes[:-1]]).tolist()
-            with timer("rollout"):
-                parts = RolloutParts(self.rollout.scatter_async(
-                    "generate", [([texts[r] for r in shard], group_size, step, index, mode, shard)
-                                 for shard in shards for _ in range(rollout_cp)],
-                    per_rank_parts=RolloutParts.per_rank_cuts(plan, offsets, sizes, to_log, rollout_cp)),
-                    len(train), rollout_cp)
-                logged += parts.logged()  # waits for the round's rollout
-            for group, handles in enumerate(train):
-                handles += parts.train(group)
-            tickets.append(self.submit_reward(parts.scored(), sizes, split))
-            start += sum(sizes)
-            if not self.cfg.runner.async_reward:
-                with timer("reward"):
-                    tickets[-1] = self.collect_reward(tickets[-1])
-        with timer("reward"):
-            rewards = [t if isinstance(t, RewardOutput) else self.collect_reward(t) for t in tickets]
-        return Rollout(train, plan, Batch.cat(logged), start), RewardOutput.concat(rewards)
-
-    def submit_reward(self, scored: list[Handle[Batch]], sizes: list[int], split: str) -> list[int]:
-        """Hand the env workers one rollout round's samples, cut once (:func:`reward_slices`) into a slice per scorer
-        thread of every env worker, as pieces ``(handle, start, stop)`` of the rollout shards' scored parts
-        (``sizes`` samples each); returns their tickets."""
-        threads = self.cfg.env[split].reward.num_workers
-        per_worker = reward_slices(sizes, self.env.world_size, threads)
-        return self.env.scatter("submit", [([[(scored[i], lo, hi) for i, lo, hi in piece] for piece in slices], split)
-                                           for slices in per_worker])
-
-    def collect_reward(self, tickets: list[int]) -> RewardOutput:
-        return RewardOutput.concat(self.env.scatter("collect", [(t,) for t in tickets]))
+                          step: int) -> tuple[RolloutHandles, RewardOutput]:
+        """Sample ``group_size`` images for each prompt (``rows`` of the split's prompt set) and score them
+        (:class:`~rlrunner.run.rollout_scoring.RolloutScoring`), logging the first samples of an eval and of the
+        training rollouts of steps that log theirs."""
+        logs = mode != "train" or logs_samples_at(self.cfg.runner.sample_log_interval, step + 1)
+        return self.scoring(rows, group_size, mode, timer, step, self.cfg.runner.num_logged_samples if logs else 0)
 
     def check_reward_failure(self, reward: RewardOutput) -> None:
         """Stop after ``runner.max_reward_error_steps`` steps in a row in which no sample could be scored."""
@@ -266,7 +222,7 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
             return per_reward_normalized_advantages(*parts, alg.group_size, video_mode=alg.advantage_mode)
         return estimate_advantages(alg.adv_type, rewards, alg.group_size, alg.advantage_mode)
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+    def update(self, rollout: RolloutHandles, advantages: torch.Tensor) -> dict[str, float]:
         """Train on the step's samples as its :class:`TrainPlan` says: rank r gets the handles of its own rows of
         every rollout shard (it fetches them itself), where each sits in its training order, the positions (seeds
         of their training noise) and their advantages."""
@@ -286,10 +242,10 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
         """Held-out prompts, one sample each, eval sampler and steps, fixed noise: comparable across steps."""
         timer = StepTimer()
         tqdm.write(eval_line(self.step, len(self.eval_prompts), self.cfg.actor.model), file=sys.stderr)
-        with timer("eval"), self.trained_adapter_on_rollout():  # the eval samples the trained adapter
+        with timer("eval"), self.weights.trained_adapter_on_rollout(self.step):  # the eval samples the trained adapter
             # step 0's noise at every eval: the same starting points, so steps differ only by the policy
             rollout, reward = self.rollout_and_score(list(range(len(self.eval_prompts))), 1, "eval", timer, step=0)
-        metrics = {**self.reward_metrics("eval", reward), "time/eval": timer.seconds["eval"],
+        metrics = {**reward_metrics("eval", reward), "time/eval": timer.seconds["eval"],
                    **self.watch.at_eval(self.step, reward, rollout.logged, self.run_logger)}
         self.run_logger.scalars(metrics, self.step)
         self.log_samples("eval/samples", rollout.logged, reward)
@@ -297,7 +253,62 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
                    f"prompts", file=sys.stderr)
         return metrics
 
-    # ------------------------------------------------------------------ checkpoints
+    def log_samples(self, tag: str, logged: Batch, reward: RewardOutput) -> None:
+        log_samples(self.run_logger, self.cfg.env, self.log_dir, tag, logged, reward, self.step)
+
+    # ------------------------------------------------------------------ state and checkpoints
+    @property
+    def saved_step(self) -> int:
+        """The global step of the newest checkpoint of this run (or the one it resumed); -1: none."""
+        return self.checkpointer.saved_step
+
+    def state_dict(self) -> dict[str, Any]:
+        """The driver's state, which a checkpoint saves beside the actor's: the step, the prompt sampler, the driver
+        RNG, the failure counters, the reward-hacking watch, the rollout's adapters (:class:`WeightSync`), a rollout
+        started ahead, and what a resume must not change (:data:`~rlrunner.run.checkpointer.RESUME_RULES`)."""
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
+                "nonfinite_in_a_row": self.nonfinite_in_a_row, "reward_failures_in_a_row": self.reward_failures_in_a_row,
+                "lr_schedule_steps": self.lr_schedule_steps, "rollout_world_size": self.rollout.world_size,
+                "watch": self.watch.state_dict(), **self.weights.state_dict(self.step),
+                # a rollout started ahead is replayed on resume: its prompt rows and the adapters that sampled it
+                "ahead": None if self.ahead is None else {"rows": self.ahead.rows, "step": self.ahead.step,
+                                                          "adapters": self.ahead.adapters}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the rollout workers get the adapters they held (keys that older checkpoints
+        lack start as a new run's)."""
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.nonfinite_in_a_row = state["nonfinite_in_a_row"]
+        self.reward_failures_in_a_row = state.get("reward_failures_in_a_row", 0)
+        self.watch.load_state_dict(state.get("watch"))
+        if (ahead := state.get("ahead")) is not None:
+            self.weights.send(ahead["adapters"])
+            self.start_rollout_ahead(ahead["rows"], ahead["step"])
+            self.ahead.future.exception()
+        self.weights.load_state_dict(state, self.step)
+
+    def save(self) -> Path:
+        """Checkpoint this step: :meth:`state_dict` and the actor's state (rank-independent; every rank gathers,
+        rank 0 returns)."""
+        return self.checkpointer.save(self.step, self.state_dict(), self.turns.actor_call("state_dict")[0])
+
+    def resume(self, resume_dir: str) -> bool:
+        """Restore the checkpoint ``resume_dir`` names (:meth:`Checkpointer.find`), the rollout workers' adapters
+        included; False when ``auto`` finds none yet."""
+        path = self.checkpointer.find(resume_dir)
+        if path is None:
+            return False
+        ckpt = self.checkpointer.load(path, self.actor.world_size, {
+            "lr_schedule_steps": self.lr_schedule_steps, "lr_scheduler": self.cfg.actor.optim.lr_scheduler,
+            "rollout_world_size": self.rollout.world_size, "rollout_cp": self.sizes.rollout_cp})
+        self.turns.actor_call("load_state_dict", ckpt["actor"])
+        self.load_state_dict(ckpt["runner"])
+        tqdm.write(f"resumed from {path} at step {self.step}", file=sys.stderr)
+        return True
+
+    # ------------------------------------------------------------------ the end
     def abandon(self) -> None:
         """Stop the driver's own threads and progress bar (the workers are the cluster's to stop)."""
         if self.progress is not None:  # also after a failed step, so the bar is not redrawn after the error
@@ -317,17 +328,6 @@ class Runner(RunCheckpoints, RunLogging, WeightSync):
             logger.warning("the env workers did not close after the run %s: %s", status, getattr(err, "summary", err))
         finally:
             self.run_logger.close(status)
-
-
-@dataclass
-class Rollout:
-    """A rollout as the driver holds it: handles, never the tensors, except the few samples it logs."""
-
-    # train[g]: actor group g's rows of every rollout shard's RolloutOutput.train, in sample order (none for eval)
-    train: list[list[Handle[Batch]]]
-    plan: TrainPlan | None  # who trains what (training rollouts only)
-    logged: Batch  # images and prompts of the first runner.num_logged_samples samples (none when not logging)
-    num_samples: int
 
 
 @dataclass

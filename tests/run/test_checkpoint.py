@@ -89,7 +89,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous_complete(uninterr
 import sys, time
 sys.path.insert(0, {str(HELPERS)!r})
 from pathlib import Path
-import rlrunner.run.run_checkpoints as runner_module
+import rlrunner.run.checkpointer as runner_module
 from rlrunner.run.runner import run
 from runner_helpers import small_recipe
 original = runner_module.save_checkpoint
@@ -227,7 +227,7 @@ KILLED_RUN = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
-import rlrunner.run.run_checkpoints as runner_module
+import rlrunner.run.checkpointer as runner_module
 from rlrunner.run.runner import Runner, run
 from runner_helpers import small_recipe
 kill_step, phase, root, name = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]

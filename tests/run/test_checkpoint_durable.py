@@ -23,7 +23,7 @@ from rlrunner.run.checkpoint import (
     save_checkpoint,
 )
 from rlrunner.run.checkpoint_index import CheckpointIndex
-from rlrunner.run.resume_point import resume_point
+from rlrunner.run.checkpointer import resume_point
 
 RECIPE = {"runner": {"logger": {"experiment_name": "exp"}, "resume_allow_changes": False}}
 CONFIG_YAML = "runner:\n  logger:\n    experiment_name: exp\n  resume_allow_changes: false\n"

@@ -12,7 +12,7 @@ import torch
 from rlrunner.commands.export import main as export_main
 from rlrunner.run.checkpoint import ACTOR_FILE, MANIFEST, RUNNER_FILE, CheckpointError, save_checkpoint
 from rlrunner.run.checkpoint_index import CheckpointIndex, find_checkpoint, restart_point
-from rlrunner.run.run_checkpoints import check_rollout_groups
+from rlrunner.run.checkpointer import check_rollout_groups
 
 
 def _save(run_dir: Path, step: int, experiment: str = "exp") -> Path:

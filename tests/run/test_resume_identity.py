@@ -16,7 +16,7 @@ from shell_helpers import clean_env
 
 from rlrunner.config.loader import to_yaml
 from rlrunner.run.checkpoint import CheckpointError, save_checkpoint
-from rlrunner.run.resume_point import resume_point
+from rlrunner.run.checkpointer import resume_point
 from rlrunner.run.runner import run
 
 ROOT = Path(__file__).resolve().parents[2]
