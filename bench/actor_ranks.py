@@ -34,7 +34,7 @@ import torch
 from family_helpers import encode_prompt_batch, make_noise
 
 from rlrunner.cluster import create_cluster
-from rlrunner.cluster.parallelize import Engine
+from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import build_model
 from rlrunner.recipe import load_recipe
 from rlrunner.step.batch import Batch

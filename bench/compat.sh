@@ -13,11 +13,11 @@
 # huggingface-hub 1.33.0 (the GPU machine's), the oldest diffusers supported, setuptools 81.0.0 (torch 2.11 asks for
 # < 82); every other package at requirements/cpu.lock's pins, installed from the lock with its hashes; `pip check`
 # must pass and no other package may differ from the lock. The smoke subset (SMOKE below, one process):
-#   DDP built under torch 2.11's constructor on 2 gloo ranks     tests/cluster/test_ddp_versions.py
+#   DDP built under torch 2.11's constructor on 2 gloo ranks     tests/distributed/test_ddp_versions.py
 #   one run of each algorithm on the tiny model, in-process      nft (test_runner.py), awm, flow_grpo
 #   every family's actor on 2 gloo ranks, with DDP and FSDP2      tests/models/test_family_parallel.py
 #   every family's Euler rollout against its diffusers pipeline   tests/models/test_model_families.py -k pipeline
-#   Ulysses context parallelism on 2 gloo ranks (FLUX.1)          tests/cluster/test_context_parallel.py
+#   Ulysses context parallelism on 2 gloo ranks (FLUX.1)          tests/distributed/test_context_parallel.py
 # Prints the versions, the tests' summary and the times, and writes them to bench_runs/compat/compat-<time>.txt; exits
 # 1 if the venv cannot be built or a test fails. The last run is in docs/install.md "Supported versions".
 set -euo pipefail
@@ -32,12 +32,12 @@ SETUPTOOLS=81.0.0  # torch 2.11 requires setuptools<82; the lock pins a newer on
 VENV="$ROOT/bench_runs/compat/venv"
 REMOVE=0
 SMOKE=(
-    tests/cluster/test_ddp_versions.py
+    tests/distributed/test_ddp_versions.py
     tests/run/test_runner.py::test_local_run_logs_every_metric_to_tensorboard_and_jsonl
     tests/run/test_runner_awm.py::test_awm_samples_with_the_trained_adapter_and_anchors_to_base_and_ema
     tests/algorithms/test_flow_grpo.py::test_one_runner_step_of_flow_grpo_and_its_fast_window
     tests/models/test_family_parallel.py
-    "tests/cluster/test_context_parallel.py::test_cp2_on_two_ranks_trains_and_samples_as_one_device[flux1]"
+    "tests/distributed/test_context_parallel.py::test_cp2_on_two_ranks_trains_and_samples_as_one_device[flux1]"
     "tests/models/test_model_families.py -k pipeline"
 )
 

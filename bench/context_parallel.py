@@ -3,7 +3,7 @@
 A Wan transformer (diffusers' ``WanTransformer3DModel``, random weights, Wan2.1's 16 latent channels, wider than the
 test models so that the hidden states dominate the per-token memory as they do at 5120 wide) takes one training
 forward + backward on a long video latent, on ``cp`` gloo ranks with Ulysses context parallelism through its
-diffusers ``_cp_plan`` hooks (rlrunner.cluster.context_parallel), as the actor runs it. Each rank measures with
+diffusers ``_cp_plan`` hooks (rlrunner.distributed.context_parallel), as the actor runs it. Each rank measures with
 torch's memory profiler (``profile_memory``: every tensor allocation and free, categorised by the autograd graph):
 
 - *activations*: the peak of the tensors torch's profiler classes as ``ACTIVATION`` (saved for backward);
@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlrunner.cluster.context_parallel import apply_context_parallel, parallel_mesh
+from rlrunner.distributed.context_parallel import apply_context_parallel, parallel_mesh
 
 # columns of torch.profiler._memory_profiler.MemoryProfileTimeline's coalesced sizes (index 0 is unused)
 CATEGORY_COLUMNS = {"parameter": 1, "optimizer_state": 2, "input": 3, "temporary": 4, "activation": 5,

@@ -28,6 +28,7 @@ from rlrunner.config.errors import fail
 from rlrunner.config.loader import CONFIG_DIR, merge_recipe
 from rlrunner.config.paths import launch_dir
 from rlrunner.data import checks as data_checks
+from rlrunner.distributed import checks as distributed_checks
 from rlrunner.models import checks as model_checks
 from rlrunner.models.families import family_settings
 from rlrunner.models.settings import FamilyConfig
@@ -58,6 +59,7 @@ RecipeConfig = _with("RecipeConfig", schema.RecipeConfig, [("actor", ActorConfig
 # the component whose code reads a key holds its check (tests/config/test_checks.py: each key in exactly one table)
 KEY_TABLES: dict[str, Mapping[str, Check]] = {
     "cluster": cluster_checks.KEY_CHECKS,
+    "distributed": distributed_checks.KEY_CHECKS,
     "run": run_checks.KEY_CHECKS,
     "tracking": tracking_checks.KEY_CHECKS,
     "objectives": objective_checks.KEY_CHECKS,

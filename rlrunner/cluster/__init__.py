@@ -1,6 +1,7 @@
 """Where workers run: placement parsing, the Ray backend and the in-process backend.
 
-Only this package knows Ray. The driver builds a cluster, spawns one worker group per component and calls
+Only this package knows Ray; the torch engines its workers train with (process groups, DDP, FSDP2, context
+parallelism) are :mod:`rlrunner.distributed`. The driver builds a cluster, spawns one worker group per component and calls
 the groups; workers are plain classes and never call each other::
 
     placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
@@ -16,14 +17,13 @@ workers as values (Ray: object references fetched by the receiving process; in-p
     pending = rollout.scatter_async("generate", args, per_rank_parts=[(attrgetter("train"), attrgetter("scored"))] * n)
     env.scatter("submit", [(handle,) for handle in pending.part(1).handles()])
 
-The checks of the cluster's keys and of the placement (batch, prompt and context-parallel shares of the placed
-devices) are in ``checks.py``.
+The checks of the cluster's keys are in ``checks.py``; how batches, prompts and context-parallel groups share the
+placed devices is checked by :func:`rlrunner.step.checks.check_placement`.
 
-May import: rlrunner.config, rlrunner.utils
+May import: rlrunner.config, rlrunner.distributed, rlrunner.utils
 """
 
 from rlrunner.cluster.base import Cluster, Handle, PendingCall, WorkerGroup, WorkerLocation
-from rlrunner.cluster.distributed import init_distributed
 from rlrunner.cluster.errors import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut
 from rlrunner.cluster.factory import BACKENDS, create_cluster
 from rlrunner.cluster.placement import COMPONENTS, Placement, PlacementError, format_devices, parse_placement
@@ -50,7 +50,6 @@ __all__ = [
     "detect_device_type",
     "detect_devices_per_node",
     "format_devices",
-    "init_distributed",
     "parse_placement",
     "write_placement_report",
 ]

@@ -1,12 +1,9 @@
-"""The checks of the cluster's keys (``cluster.*``, the actor's parallel engine, context-parallel sizes and mode),
-registered in :mod:`rlrunner.recipe`. How batches, prompts and context-parallel groups share the placed devices is
+"""The checks of the cluster's keys (``cluster.*``), registered in :mod:`rlrunner.recipe`. How batches, prompts and context-parallel groups share the placed devices is
 checked with the placement, by :func:`rlrunner.step.checks.check_placement`."""
 
 from __future__ import annotations
 
-from rlrunner.cluster.context_parallel import CP_MODES
 from rlrunner.cluster.factory import BACKENDS
-from rlrunner.cluster.parallelize import ENGINES
 from rlrunner.config.check_kinds import POSITIVE_INT, Check, Choice, Elsewhere, Free, Range, names
 from rlrunner.utils.threads import ENV_THREADS
 
@@ -22,9 +19,4 @@ KEY_CHECKS: dict[str, Check] = {
     "cluster.worker_timeout_s": Range(low=0, low_open=True, meaning="seconds"),
     "cluster.rejoin_timeout_s": Range(low=0, meaning="seconds"),
     "cluster.enable_offload": Free("bool"),
-    "actor.strategy": Choice(names(ENGINES)),
-    "actor.one_rank_group": Free("bool"),
-    "actor.context_parallel_size": POSITIVE_INT,  # and the model's heads and tokens (models.checks)
-    "actor.context_parallel_mode": Choice(names(CP_MODES)),
-    "rollout.context_parallel_size": POSITIVE_INT,
 }

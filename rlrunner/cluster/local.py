@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from rlrunner.cluster.base import Cluster, PendingCall, WorkerGroup, WorkerLocation, split_parts
-from rlrunner.cluster.distributed import IN_PROCESS_ENV, find_free_port, worker_env
 from rlrunner.cluster.errors import WorkerError, last_line
 from rlrunner.cluster.placement import Placement, parse_placement
 from rlrunner.cluster.resources import detect_device_type, detect_devices_per_node
+from rlrunner.distributed.process_group import IN_PROCESS_ENV, find_free_port, worker_env
 
 LOCAL_IP = "127.0.0.1"
 LOCAL_NODE_ID = "local"  # what placement.json names the driver's machine

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlrunner.cluster.base import Cluster, PendingCall, WorkerGroup, WorkerLocation
-from rlrunner.cluster.distributed import worker_env
 from rlrunner.cluster.errors import CollectiveFailed, WorkerError, WorkerLost, WorkerTimedOut, last_line
 from rlrunner.cluster.nodes import NODE_ID_LABEL, RayNode, check_placement_fits, recipe_nodes
 from rlrunner.cluster.placement import Placement, PlacementError, format_devices, parse_placement
@@ -37,6 +36,7 @@ from rlrunner.cluster.resources import (
     worker_threads,
 )
 from rlrunner.cluster.shipping import job_runtime_env, setup_failure
+from rlrunner.distributed.process_group import worker_env
 from rlrunner.utils.threads import thread_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

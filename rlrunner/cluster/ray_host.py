@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlrunner.cluster.base import split_parts
-from rlrunner.cluster.distributed import bind_rendezvous
 from rlrunner.cluster.ray_refs import resolve_refs
 from rlrunner.cluster.shipping import check_readable
+from rlrunner.distributed.process_group import bind_rendezvous
 from rlrunner.utils.device import use_ray_assigned_device
 from rlrunner.utils.threads import apply_thread_budget
 
@@ -30,7 +30,7 @@ class WorkerHost:
         """Where this actor runs (node IP and id, the accelerator Ray gave it) and, for rank 0 of a group that forms
         a process group (``rendezvous_timeout_s`` given), the port of the rendezvous store it binds now on the node's
         IP and holds (MASTER_PORT: nothing can take it before the group forms, see
-        :mod:`rlrunner.cluster.distributed`)."""
+        :mod:`rlrunner.distributed.process_group`)."""
         import ray
 
         context = ray.get_runtime_context()

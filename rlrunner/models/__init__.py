@@ -6,7 +6,7 @@ your own package"). A family is a ``FlowModel`` subclass with a classmethod
 ``load(model_path, family_cfg, *, device, dtype)`` and a ``settings_type``, the dataclass of its recipe section
 ``actor.model.<model_type>`` (:mod:`rlrunner.models.settings`).
 
-May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.utils
+May import: rlrunner.algorithms, rlrunner.config, rlrunner.distributed, rlrunner.utils
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def build_model(model_cfg: Any, denoiser_only: bool = False, denoiser_on_host: b
     """Load ``model_cfg.model_type`` from ``model_cfg.model_path`` with its family settings and LoRA adapters;
     ``denoiser_only``: without text encoders and VAE (the actor's model), which are then never read;
     ``denoiser_on_host``: the denoiser left in host memory, for FSDP2 to move to the device shard by shard
-    (:func:`~rlrunner.cluster.parallelize.shards_from_host`; what the load holds where:
+    (:func:`~rlrunner.distributed.parallelize.shards_from_host`; what the load holds where:
     :func:`~rlrunner.models.build.build_family`)."""
     family_cfg = model_cfg[model_cfg.model_type]
     device = resolve_device(model_cfg.device)

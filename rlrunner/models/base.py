@@ -385,8 +385,8 @@ class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
 
     def enable_context_parallel(self, mesh: Any) -> None:
         """Split every denoiser's token sequence over the CP groups of ``mesh`` (a ``dp × cp`` device mesh, see
-        :mod:`rlrunner.cluster.context_parallel`) through its diffusers ``_cp_plan`` hooks; before FSDP2 wraps it."""
-        from rlrunner.cluster.context_parallel import apply_context_parallel
+        :mod:`rlrunner.distributed.context_parallel`) through its diffusers ``_cp_plan`` hooks; before FSDP2 wraps it."""
+        from rlrunner.distributed.context_parallel import apply_context_parallel
 
         for denoiser in [getattr(self.transformer, name) for name in self.expert_components] or [self.transformer]:
             apply_context_parallel(denoiser, mesh)

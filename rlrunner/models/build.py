@@ -70,7 +70,7 @@ def build_family(family: type, model_path: str, family_cfg: Any, *, device: torc
 
     Memory during the load: diffusers reads every weight into host memory (``dtype``), the LoRA adapters are added
     there, then the parts move to ``device``. ``denoiser_on_host``: the denoiser stays in host memory, for an FSDP2
-    actor (:func:`~rlrunner.cluster.parallelize.shards_from_host`): ``parallelize`` moves one block at a time to the
+    actor (:func:`~rlrunner.distributed.parallelize.shards_from_host`): ``parallelize`` moves one block at a time to the
     device, shards it and frees the full block, so a rank's device never holds the whole denoiser (peak: its shards
     plus the largest block's or expert's non-block weights, in full); DDP and single ranks take it whole.
     """

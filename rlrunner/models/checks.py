@@ -181,7 +181,7 @@ def check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
     sizes = {"actor": cfg.actor.context_parallel_size, "rollout": cfg.rollout.context_parallel_size}
     if max(sizes.values()) == 1:
         return
-    from rlrunner.cluster.context_parallel import backend_problem, configured_backend, denoiser_class, has_cp_plan
+    from rlrunner.distributed.context_parallel import backend_problem, configured_backend, denoiser_class, has_cp_plan
     from rlrunner.models import MODEL_FAMILIES, model_class
 
     model_type, family_cfg = cfg.actor.model.model_type, cfg.actor.model[cfg.actor.model.model_type]
@@ -207,7 +207,7 @@ def check_context_parallel(cfg: DictConfig, base_dir: Path) -> None:
 
 
 def _denoiser_of(model_type: str) -> type:
-    from rlrunner.cluster.context_parallel import denoiser_class
+    from rlrunner.distributed.context_parallel import denoiser_class
     from rlrunner.models import model_class
 
     return denoiser_class(model_class(model_type).pipeline_class_name) or object
@@ -217,7 +217,7 @@ def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int
                       denoiser: type) -> str | None:
     """Why ``cp`` ranks cannot split this family's sequences at ``family_cfg``'s size (the nearest sizes that they
     can, when a token count is the problem), or None."""
-    from rlrunner.cluster.context_parallel import sequence_problem
+    from rlrunner.distributed.context_parallel import sequence_problem
     from rlrunner.models.meta import read_components
 
     _, components = read_components(folder)
@@ -249,7 +249,7 @@ def _sequence_problem(family: Any, family_cfg: DictConfig, folder: Path, cp: int
 def _text_problem(family: Any, family_cfg: DictConfig, tokens: int, cp: int, denoiser: type) -> str | None:
     """Why ``cp`` ranks cannot split the ``tokens`` text tokens that ``denoiser``'s ``_cp_plan`` splits (FLUX.1,
     FLUX.2; Qwen-Image pads its text itself), naming ``max_sequence_length`` values that divide, or None."""
-    from rlrunner.cluster.context_parallel import splits_text
+    from rlrunner.distributed.context_parallel import splits_text
 
     if cp <= 1 or tokens % cp == 0 or family.pads_text_for_cp or not splits_text(denoiser):
         return None

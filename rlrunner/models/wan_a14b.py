@@ -21,7 +21,7 @@ FSDP2 all-gathers an expert's blocks only when every rank runs them, so the rank
 two flags per call) and an expert that no rank has rows for is not run at all: its 40 blocks are not gathered on that
 micro-batch. FSDP2 reduces the gradients it accumulated earlier in the step at the sync pass whether or not the
 expert ran then, and the engine gives an adapter that ran in none of the step's micro-batches a zero gradient
-(:class:`~rlrunner.cluster.parallelize.FSDP2Engine`), so AdamW sees what it sees on one device, where the dummy
+(:class:`~rlrunner.distributed.parallelize.FSDP2Engine`), so AdamW sees what it sees on one device, where the dummy
 gives a zero gradient too. The results do not depend on the rank count; AdamW treats the idle expert as it treats
 any zero gradient (its moments decay). The dummy is one token per rank of the context-parallel group
 (:func:`idle_tokens`): diffusers' CP hooks split the sequence and refuse one that does not divide by the group
@@ -143,7 +143,7 @@ class SigmaExperts(nn.Module):
 
 def idle_tokens(expert: nn.Module) -> int:
     """The tokens of an idle expert's dummy call: one per rank of the context-parallel group its diffusers CP hooks
-    split the sequence over (``_parallel_config``, set by :func:`~rlrunner.cluster.context_parallel.
+    split the sequence over (``_parallel_config``, set by :func:`~rlrunner.distributed.context_parallel.
     apply_context_parallel`), so that the split is even; 1 without CP."""
     config = getattr(expert, "_parallel_config", None)
     cp = getattr(config, "context_parallel_config", None)

@@ -6,7 +6,7 @@ advantages, EMA, weight sync, checkpoints and logging are shared. To add one: su
 ``objectives/<name>.py`` and list it in ``OBJECTIVES``. The checks of the ``algorithm.*`` keys are in
 ``checks.py``.
 
-May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.utils
+May import: rlrunner.algorithms, rlrunner.config, rlrunner.distributed, rlrunner.models, rlrunner.utils
 """
 
 from __future__ import annotations

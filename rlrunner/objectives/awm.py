@@ -16,7 +16,7 @@ import torch
 
 from rlrunner.algorithms.awm import awm_band_index, awm_loss
 from rlrunner.algorithms.samplers import sample_xt
-from rlrunner.cluster.parallelize import Engine
+from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, FlowModel
 from rlrunner.objectives.base import MicroBatch, Objective
 

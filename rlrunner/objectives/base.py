@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from rlrunner.cluster.parallelize import Engine
+from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import FlowModel
 from rlrunner.models.guidance import Guidance
 

@@ -20,7 +20,7 @@ from rlrunner.algorithms.flow_grpo import (
     sde_window,
     window_range,
 )
-from rlrunner.cluster.parallelize import Engine
+from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import TRAINED_ADAPTER, FlowModel
 from rlrunner.objectives.base import MicroBatch, Objective
 

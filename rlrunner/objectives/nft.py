@@ -23,7 +23,7 @@ import torch
 
 from rlrunner.algorithms.nft import nft_loss
 from rlrunner.algorithms.samplers import distinct_levels, sample_xt, training_grid
-from rlrunner.cluster.parallelize import Engine
+from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import EMA_ADAPTER, FlowModel
 from rlrunner.models.lora import lora_digest
 from rlrunner.objectives.base import MicroBatch, Objective

@@ -3,6 +3,6 @@ and ``bench/data_plane.py`` print what these modules compute; ``plan --simulate`
 size on fake tensors (``simulate``: the phases; ``fake_build``: the model; ``tracker``: the bytes; ``sim_report``:
 per device, JSON, the FLOPs prediction).
 
-May import: rlrunner.cluster, rlrunner.models, rlrunner.objectives, rlrunner.rewards, rlrunner.step, rlrunner.utils,
-rlrunner.workers
+May import: rlrunner.cluster, rlrunner.distributed, rlrunner.models, rlrunner.objectives, rlrunner.rewards,
+rlrunner.step, rlrunner.utils, rlrunner.workers
 """

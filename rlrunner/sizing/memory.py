@@ -167,9 +167,9 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
 
 
 def _blocks(denoiser: Any) -> list[Any]:
-    """The blocks FSDP2 shards one by one (:func:`~rlrunner.cluster.parallelize.transformer_blocks`), none for a
+    """The blocks FSDP2 shards one by one (:func:`~rlrunner.distributed.parallelize.transformer_blocks`), none for a
     denoiser that names none."""
-    from rlrunner.cluster.parallelize import transformer_blocks
+    from rlrunner.distributed.parallelize import transformer_blocks
 
     try:
         return transformer_blocks(denoiser)

@@ -30,7 +30,7 @@ import torch
 from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from rlrunner.cluster.context_parallel import parallel_mesh
+from rlrunner.distributed.context_parallel import parallel_mesh
 from rlrunner.sizing.fake_build import build_fake_model, fake_process_group, outside_fake
 from rlrunner.sizing.memory import env_plan
 from rlrunner.sizing.tracker import MemoryTracker, PhasePeak
@@ -182,7 +182,7 @@ def _actor_batch(geometry: Any, model: Any, train: dict, dtype: torch.dtype, n: 
 
 def simulate_actor(cfg: Any, geometry: Any, train: dict, fake: bool = True) -> ComponentRun:
     """Rank 0 of the actor group over ``geometry.actor_ranks`` fake ranks: load, one step's update, EMA, sync."""
-    from rlrunner.cluster import parallelize as parallelize_module
+    from rlrunner.distributed import parallelize as parallelize_module
     from rlrunner.workers import actor as actor_module
 
     started = time.perf_counter()

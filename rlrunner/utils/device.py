@@ -87,7 +87,7 @@ def ray_device_index(accelerator_ids: Mapping[str, list[str]], environ: Mapping[
 
 def use_ray_assigned_device(accelerator_ids: Mapping[str, list[str]], environ: MutableMapping[str, str]) -> None:
     """Make the accelerator Ray assigned this worker its current device (:func:`ray_device_index`), and record the
-    index in ``environ`` (:data:`DEVICE_INDEX_ENV`) for :func:`rlrunner.cluster.distributed.init_distributed`;
+    index in ``environ`` (:data:`DEVICE_INDEX_ENV`) for :func:`rlrunner.distributed.process_group.init_distributed`;
     nothing to do when Ray narrowed the visible devices (the worker's own is device 0)."""
     assigned = ray_device_index(accelerator_ids, environ)
     if assigned is None:

@@ -3,6 +3,6 @@
 nothing of Ray: ``rlrunner.cluster`` places and calls them. The checks of the actor's batch and optimizer keys are
 in ``checks.py``.
 
-May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.objectives,
+May import: rlrunner.algorithms, rlrunner.config, rlrunner.distributed, rlrunner.models, rlrunner.objectives,
 rlrunner.rewards, rlrunner.step, rlrunner.utils
 """

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from rlrunner.algorithms.ema import decay_at, ema_update_, tau_at
-from rlrunner.cluster.parallelize import local_shards, parallelize, shards_from_host
 from rlrunner.config.paths import node_paths
+from rlrunner.distributed.parallelize import local_shards, parallelize, shards_from_host
 from rlrunner.models import ADAPTERS, EMA_ADAPTER, TRAINED_ADAPTER, build_model
 from rlrunner.objectives import MicroBatch, build_objective
 from rlrunner.step.batch import Batch
@@ -33,10 +33,10 @@ class ActorWorker:
 
     ``update`` runs ``samples / global_batch_size`` optimizer steps over this rank's share of a rollout batch,
     in micro-batches with gradient accumulation, through torch's DDP or FSDP2 (``actor.strategy``, see
-    :mod:`rlrunner.cluster.parallelize`), which average the gradients over ranks. Each sample's training noise
+    :mod:`rlrunner.distributed.parallelize`), which average the gradients over ranks. Each sample's training noise
     is seeded by its global index in the step's batch, so the result does not depend on the number of ranks.
     With ``actor.context_parallel_size`` ``cp > 1``, ``cp`` consecutive ranks form a group that trains the same
-    samples, each rank one slice of every sample's token sequence (:mod:`rlrunner.cluster.context_parallel`).
+    samples, each rank one slice of every sample's token sequence (:mod:`rlrunner.distributed.context_parallel`).
     Methods that gather full tensors (``ema_update`` aside, everything that returns adapters or optimizer state)
     must be called on every rank; rank 0 returns the result. The actor writes no files: the driver writes the
     checkpoint (adapters in diffusers' format included) from what :meth:`state_dict` returns.
@@ -51,7 +51,7 @@ class ActorWorker:
 
     def __init__(self, actor_cfg: Any, algorithm_cfg: Any, num_train_steps: int, *, rank: int = 0,
                  world_size: int = 1) -> None:
-        from rlrunner.cluster.distributed import init_distributed
+        from rlrunner.distributed.process_group import init_distributed
 
         self.cfg, self.alg = actor_cfg, algorithm_cfg
         self.rank, self.world_size = rank, world_size

@@ -49,7 +49,7 @@ class RolloutWorker:
 
     With ``context_parallel_size`` ``k > 1`` (``rollout.context_parallel_size``), ``k`` consecutive ranks form a
     group that samples one shard together, each rank computing one slice of every denoiser call's token sequence
-    (:mod:`rlrunner.cluster.context_parallel`); they draw the same noise (seeded by the group, not the rank), and
+    (:mod:`rlrunner.distributed.context_parallel`); they draw the same noise (seeded by the group, not the rank), and
     the group's first rank decodes and returns the result, the others None.
     """
 
@@ -70,8 +70,8 @@ class RolloutWorker:
         torch.manual_seed(derive_seed(seed, "rollout-init", self.group, 0))
         self.model = build_model(model_cfg)
         if context_parallel_size > 1:
-            from rlrunner.cluster.context_parallel import parallel_mesh
-            from rlrunner.cluster.distributed import init_distributed
+            from rlrunner.distributed.context_parallel import parallel_mesh
+            from rlrunner.distributed.process_group import init_distributed
 
             init_distributed(rank, world_size, self.model.device.type)
             self.model.enable_context_parallel(

@@ -14,9 +14,9 @@ from runner_helpers import small_recipe, train_metrics
 
 from rlrunner.algorithms.flow_grpo import choose_steps, grpo_loss, sde_sample, sde_step_logprob, sde_window
 from rlrunner.algorithms.samplers import sample_flow, sigma_schedule
-from rlrunner.cluster.parallelize import Engine
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.schema import AlgorithmConfig
+from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import TRAINED_ADAPTER
 from rlrunner.models.settings import FamilyConfig
 from rlrunner.models.tiny import TinyFlowModel

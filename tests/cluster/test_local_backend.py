@@ -15,11 +15,11 @@ from rlrunner.cluster import (
     BACKENDS,
     WorkerError,
     create_cluster,
-    init_distributed,
     parse_placement,
     write_placement_report,
 )
 from rlrunner.cluster.local import LocalCluster
+from rlrunner.distributed.process_group import init_distributed
 
 
 def cluster_cfg(**overrides):

@@ -27,8 +27,8 @@ def test_every_schema_leaf_has_a_check_and_every_check_a_leaf():
 
 # which component reads the keys under each prefix; a key belongs to its longest matching prefix
 OWNERS = {
-    "cluster.": "cluster", "actor.strategy": "cluster", "actor.one_rank_group": "cluster",
-    "actor.context_parallel_": "cluster", "rollout.context_parallel_size": "cluster",
+    "cluster.": "cluster", "actor.strategy": "distributed", "actor.one_rank_group": "distributed",
+    "actor.context_parallel_": "distributed", "rollout.context_parallel_size": "distributed",
     "runner.": "run", "env.<split>.video_cfg.": "run",
     "runner.logger.": "tracking",
     "algorithm.": "objectives",

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from rlrunner.cluster.distributed import init_distributed
+from rlrunner.distributed.process_group import init_distributed
 
 
 class Counter:

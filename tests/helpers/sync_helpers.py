@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from rlrunner.cluster.parallelize import local_shards
+from rlrunner.distributed.parallelize import local_shards
 from rlrunner.models import ADAPTERS, TRAINED_ADAPTER
 from rlrunner.utils.flat_state import gather_flat
 from rlrunner.workers.actor import ActorWorker

@@ -22,7 +22,7 @@ from cp_helpers import high_noise_rows
 from family_helpers import encode_prompt_batch
 from omegaconf import OmegaConf
 
-from rlrunner.cluster.distributed import find_free_port
+from rlrunner.distributed.process_group import find_free_port
 from rlrunner.step.batch import Batch
 from rlrunner.step.sample_order import optimizer_step_shards
 

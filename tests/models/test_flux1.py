@@ -15,9 +15,9 @@ import torch
 from family_helpers import make_noise, pipeline_sample
 from omegaconf import OmegaConf
 
-from rlrunner.cluster.parallelize import Engine
 from rlrunner.config.loader import RecipeError
 from rlrunner.config.schema import AlgorithmConfig
+from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, detect_model_type
 from rlrunner.models.flux1 import Flux1FlowModel
 from rlrunner.models.schedules import token_shift_mu

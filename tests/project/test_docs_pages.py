@@ -51,7 +51,7 @@ def test_the_layout_names_every_package_of_rlrunner():
 
 
 def test_the_families_said_to_lack_a_context_parallel_plan_are_those_without_one():
-    from rlrunner.cluster.context_parallel import has_cp_plan
+    from rlrunner.distributed.context_parallel import has_cp_plan
     from rlrunner.models.checks import _denoiser_of
 
     without = {name for name in IN_TREE if not has_cp_plan(_denoiser_of(name))}

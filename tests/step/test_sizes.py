@@ -72,7 +72,7 @@ SIZE_ARITHMETIC = re.compile(r"total_num_envs\s*(//|\*)|global_batch_size\s*//|\
 NOT_A_STEP_SIZE = {
     "rlrunner/step/sample_order.py": "rank // self.context_parallel_size",  # a rank's group index
     "rlrunner/workers/rollout.py": "rank // context_parallel_size",  # a rollout rank's group index
-    "rlrunner/cluster/context_parallel.py": "dp = world_size // context_parallel_size",  # a device mesh's shape
+    "rlrunner/distributed/context_parallel.py": "dp = world_size // context_parallel_size",  # a device mesh's shape
     "rlrunner/algorithms/watch.py": "torch.arange(n) // group_size",  # each sample's prompt index
     "rlrunner/algorithms/advantages.py": "rewards.shape[0] // group_size",  # a batch of rewards in its groups
     "rlrunner/sizing/simulate.py": "n // geometry.group_size",  # the prompts of a simulated batch of n samples

@@ -13,7 +13,7 @@ from diffusers import UNet2DConditionModel
 from runner_helpers import small_recipe, train_metrics
 
 from rlrunner.algorithms.samplers import sample_xt
-from rlrunner.cluster.parallelize import Engine, parallelize, transformer_blocks
+from rlrunner.distributed.parallelize import Engine, parallelize, transformer_blocks
 from rlrunner.run.runner import run
 from rlrunner.step.sample_order import optimizer_step_shards
 
@@ -148,7 +148,7 @@ def test_one_rank_fsdp2_shards_into_dtensors_and_trains_like_the_plain_engine(tm
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from rlrunner.cluster.parallelize import FSDP2Engine
+    from rlrunner.distributed.parallelize import FSDP2Engine
     from rlrunner.workers.actor import ActorWorker
     from rlrunner.workers.rollout import RolloutWorker
 

@@ -15,7 +15,7 @@ formed a process group of one (``actor.one_rank_group``): then the strategy's en
 FSDP2's DTensors and collectives are exercised on one device.
 
 With ``actor.context_parallel_size`` ``cp > 1`` the ranks form a ``dp × cp`` mesh
-(:mod:`rlrunner.cluster.context_parallel`): the CP hooks go on the denoiser first, then DDP (over all ranks) or
+(:mod:`rlrunner.distributed.context_parallel`): the CP hooks go on the denoiser first, then DDP (over all ranks) or
 FSDP2 (sharding over all ranks of the same mesh) wraps it. The ``cp`` ranks of a group train the same samples,
 each backward giving its sequence slice's share of their gradient, so the engine scales the loss by ``cp``
 (:attr:`Engine.gradient_scale`): the engines' mean over ``dp·cp`` ranks is then the mean over the ``dp`` groups.
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlrunner.cluster.context_parallel import flat_mesh, parallel_mesh
+from rlrunner.distributed.context_parallel import flat_mesh, parallel_mesh
 
 
 class Engine:
@@ -147,7 +147,7 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
     ``forward_sync_buffers=False`` where DDP has it (torch 2.13 added it and deprecates the other with a
     FutureWarning), else ``broadcast_buffers=False`` (older torch, 2.11 among them), which also skips the buffers'
     broadcast when DDP is built; either way the parameters are broadcast from rank 0 then, and the buffers are the
-    same on every rank already (tests/cluster/test_ddp_versions.py)."""
+    same on every rank already (tests/distributed/test_ddp_versions.py)."""
     accepted = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in accepted else {"broadcast_buffers": False}
 
@@ -178,7 +178,7 @@ def transformer_blocks(transformer: nn.Module) -> list[nn.Module]:
 def parallelize(model: Any, strategy: str, world_size: int, context_parallel_size: int = 1,
                 context_parallel_mode: str = "ulysses", *, one_rank_group: bool = False) -> Engine:
     """Apply ``strategy`` (``ddp`` | ``fsdp2``) to ``model`` (a FlowModel) over the default process group, its
-    ranks in CP groups of ``context_parallel_size`` (``ulysses`` | ``ring``, :mod:`~rlrunner.cluster.context_parallel`).
+    ranks in CP groups of ``context_parallel_size`` (``ulysses`` | ``ring``, :mod:`~rlrunner.distributed.context_parallel`).
 
     Call after ``init_distributed`` and before building the optimizer: FSDP2 replaces the parameters by their
     shards, so the optimizer must be given ``model.trainable_parameters()`` afterwards. With one rank the model is

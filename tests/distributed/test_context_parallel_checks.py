@@ -9,8 +9,8 @@ from cp_helpers import rollout_refusal, spawn
 from omegaconf import OmegaConf
 from runner_helpers import small_recipe
 
-from rlrunner.cluster.context_parallel import cp_backends
 from rlrunner.config.errors import RecipeError
+from rlrunner.distributed.context_parallel import cp_backends
 
 TWO = ["cluster.num_devices_per_node=2", "cluster.component_placement={'actor,env,rollout': all}"]
 # settings at which each tiny family's latent and heads split over 2 ranks (the text is the tests' business)

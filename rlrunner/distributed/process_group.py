@@ -5,7 +5,7 @@ The cluster backend gives every worker of a group the usual env vars before its 
 ``MASTER_ADDR``, ``MASTER_PORT`` and :data:`TIMEOUT_ENV`); a worker class that averages gradients declares
 ``forms_process_group`` (True, or a function of its spawn arguments: the rollout forms one for context
 parallelism only), calls :func:`init_distributed` in its constructor and then trains through
-:func:`rlrunner.cluster.parallelize.parallelize` (DDP or FSDP2). Under Ray each worker sees only its own
+:func:`rlrunner.distributed.parallelize.parallelize` (DDP or FSDP2). Under Ray each worker sees only its own
 accelerator, as device 0, unless ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` is set: then its device is the one
 Ray assigned (:func:`rlrunner.utils.device.ray_device_index`).
 

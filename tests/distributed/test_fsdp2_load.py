@@ -1,5 +1,5 @@
 """The FSDP2 actor never holds its whole denoiser on the device: the build leaves it in host memory and FSDP2 moves it
-one block at a time, keeping each rank's shards (``rlrunner/cluster/parallelize.py``). It used to be moved whole by
+one block at a time, keeping each rank's shards (``rlrunner/distributed/parallelize.py``). It used to be moved whole by
 the build (``_place_components``), before ``parallelize`` sharded it: at real size the full Qwen-Image or A14B
 denoiser on every rank, its freed memory kept in the actor's cache when the collocated rollout loads.
 
@@ -63,8 +63,8 @@ def _recording_rank(rank: int, world_size: int, recipe: str, out: str) -> None:
 def test_fsdp2_actor_moves_its_denoiser_to_the_device_one_block_at_a_time(tmp_path, tiny_model_cfg, load_tiny):
     """Two gloo ranks build the A14B actor under FSDP2: no move takes the whole denoiser (or a whole expert) to the
     device; the largest move is about one block's weights; afterwards each rank holds half of them, as shards."""
-    from rlrunner.cluster.parallelize import transformer_blocks
     from rlrunner.config.schema import ActorConfig, AlgorithmConfig
+    from rlrunner.distributed.parallelize import transformer_blocks
 
     actor_cfg = OmegaConf.structured(ActorConfig(strategy="fsdp2", micro_batch_size=1, global_batch_size=2))
     actor_cfg.model = tiny_model_cfg(A14B)

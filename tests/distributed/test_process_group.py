@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlrunner.cluster import distributed
-from rlrunner.cluster.distributed import TIMEOUT_ENV, init_distributed, worker_env
+from rlrunner.distributed import process_group
+from rlrunner.distributed.process_group import TIMEOUT_ENV, init_distributed, worker_env
 from rlrunner.utils.device import DEVICE_INDEX_ENV, ray_device_index, use_ray_assigned_device
 
 NOSET = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
@@ -41,18 +41,18 @@ def test_an_assigned_device_outside_the_visible_ones_is_one_line_and_none_is_a_n
 
 def test_init_distributed_takes_the_assigned_device_before_local_rank(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert distributed._local_device_index(8) == 1
+    assert process_group._local_device_index(8) == 1
     monkeypatch.setenv(DEVICE_INDEX_ENV, "5")
-    assert distributed._local_device_index(8) == 5
+    assert process_group._local_device_index(8) == 5
 
 
 def test_the_rendezvous_store_listens_on_the_given_address_only(monkeypatch):
-    monkeypatch.setattr(distributed, "_RENDEZVOUS", None)
-    port = distributed.bind_rendezvous("127.0.0.1", timeout_s=30)
-    assert distributed.bind_rendezvous("127.0.0.1") == port  # idempotent
+    monkeypatch.setattr(process_group, "_RENDEZVOUS", None)
+    port = process_group.bind_rendezvous("127.0.0.1", timeout_s=30)
+    assert process_group.bind_rendezvous("127.0.0.1") == port  # idempotent
     client = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=30))
     client.set("key", "value")
-    assert distributed._RENDEZVOUS.get("key") == b"value"
+    assert process_group._RENDEZVOUS.get("key") == b"value"
     with pytest.raises(ConnectionRefusedError):  # a TCPStore("0.0.0.0" or a host name) would accept this
         socket.create_connection(("127.0.0.2", port), timeout=5)
 

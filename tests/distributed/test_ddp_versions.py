@@ -1,4 +1,4 @@
-"""DDP is built with the buffer switch the installed torch has (``rlrunner/cluster/parallelize.py``).
+"""DDP is built with the buffer switch the installed torch has (``rlrunner/distributed/parallelize.py``).
 
 torch 2.13 added ``forward_sync_buffers`` to :class:`~torch.nn.parallel.DistributedDataParallel` and deprecated
 ``broadcast_buffers``; older torch (2.11, the GPU machine's) has only ``broadcast_buffers`` and raises a TypeError at
@@ -19,8 +19,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from rlrunner.cluster.distributed import find_free_port, init_distributed
-from rlrunner.cluster.parallelize import DDPEngine, parallelize
+from rlrunner.distributed.parallelize import DDPEngine, parallelize
+from rlrunner.distributed.process_group import find_free_port, init_distributed
 
 WORLD_SIZE = 2
 DIM = 4

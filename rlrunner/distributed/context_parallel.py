@@ -24,7 +24,7 @@ mesh needs the CP groups only; :func:`apply_context_parallel` does what it does 
 
 Gradients: the output is gathered (and its gradient sliced back) on every rank of a CP group, so each rank's
 backward yields its own slice's share of the group's gradient, and the group's gradient is their *sum*
-(:attr:`rlrunner.cluster.parallelize.Engine.gradient_scale`: the loss times ``cp``, so that DDP's and FSDP2's mean
+(:attr:`rlrunner.distributed.parallelize.Engine.gradient_scale`: the loss times ``cp``, so that DDP's and FSDP2's mean
 over all ``dp·cp`` ranks is the mean over the ``dp`` groups of that sum).
 """
 
