@@ -35,7 +35,7 @@ SMOKE=(
     tests/distributed/test_ddp_versions.py
     tests/run/test_runner.py::test_local_run_logs_every_metric_to_tensorboard_and_jsonl
     tests/run/test_runner_awm.py::test_awm_samples_with_the_trained_adapter_and_anchors_to_base_and_ema
-    tests/algorithms/test_flow_grpo.py::test_one_runner_step_of_flow_grpo_and_its_fast_window
+    tests/algorithms/test_flow_grpo_loss.py::test_one_runner_step_of_flow_grpo_and_its_fast_window
     tests/models/test_family_parallel.py
     "tests/distributed/test_context_parallel.py::test_cp2_on_two_ranks_trains_and_samples_as_one_device[flux1]"
     "tests/models/test_model_families.py -k pipeline"

@@ -28,7 +28,7 @@ from rlrunner.cluster import create_cluster, ray_backend
 from rlrunner.recipe import load_recipe
 from rlrunner.run import runner as runner_module
 from rlrunner.workers.actor import ActorWorker
-from rlrunner.workers.env import EnvWorker
+from rlrunner.workers.reward import RewardWorker
 
 
 def nbytes(value) -> int:
@@ -51,7 +51,7 @@ class MeasuredActor(ActorWorker):
         return self.fetched
 
 
-class MeasuredEnv(EnvWorker):
+class MeasuredEnv(RewardWorker):
     """Records the scored parts (images, prompts) each submit fetched."""
 
     fetched = 0
@@ -90,7 +90,7 @@ def main() -> None:
         return real_submit(group, method, per_rank, parts)
 
     ray_backend.gather, ray_backend.RayWorkerGroup._submit = gather, submit
-    runner_module.ActorWorker, runner_module.EnvWorker = MeasuredActor, MeasuredEnv
+    runner_module.ActorWorker, runner_module.RewardWorker = MeasuredActor, MeasuredEnv
     n = args.actor_ranks
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_recipe(args.recipe, [

@@ -40,7 +40,7 @@ from peft import LoraConfig
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing rlrunner
-from rlrunner.algorithms.nft import nft_loss
+from rlrunner.algorithms.nft_loss import nft_loss
 from rlrunner.algorithms.samplers import sample_xt
 from rlrunner.models.lora import fast_switch
 

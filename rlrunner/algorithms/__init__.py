@@ -1,4 +1,5 @@
-"""Pure tensor math of DiffusionNFT: the loss, advantages, EMA schedules, flow samplers and the reward-hacking
+"""Pure tensor math of the algorithms: the losses of DiffusionNFT, AWM and FlowGRPO (``*_loss.py``; how a worker
+trains with each is :mod:`rlrunner.objectives`), advantages, EMA schedules, flow samplers and the reward-hacking
 watch's diversity measure and alarm rule (imports only torch).
 
 May import: nothing of rlrunner
@@ -11,7 +12,7 @@ from rlrunner.algorithms.advantages import (
     video_group_advantages,
 )
 from rlrunner.algorithms.ema import DECAY_SCHEDULES, decay_at, ema_update_, tau_at
-from rlrunner.algorithms.nft import nft_loss, nft_velocities
+from rlrunner.algorithms.nft_loss import nft_loss, nft_velocities
 from rlrunner.algorithms.samplers import SAMPLERS, sample_flow, sample_xt, sigma_schedule, training_timesteps
 
 __all__ = [

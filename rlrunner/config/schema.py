@@ -157,7 +157,7 @@ class AlgorithmConfig:
     ref_kl_coef: float = 0.0
     # control runs: "reward" (normal) | "none" (r fixed at 0.5) | "shuffle" (rewards permuted)
     reward_signal: str = "reward"
-    # flow_grpo (rlrunner/algorithms/flow_grpo.py; defaults of the official SD3 trainer): the SDE's noise level a
+    # flow_grpo (rlrunner/algorithms/flow_grpo_loss.py; defaults of the official SD3 trainer): the SDE's noise level a
     flow_grpo_noise_level: float = 0.7
     # PPO clip range of the probability ratio
     flow_grpo_clip_range: float = 1e-4
@@ -168,7 +168,7 @@ class AlgorithmConfig:
     flow_grpo_sde_window_size: int = 0
     # [first, end) steps the window lies in; null = the first half, [0, num_steps // 2], as the official configs
     flow_grpo_sde_window_range: Any = None
-    # AWM (name: awm, rlrunner/algorithms/awm.py); defaults as the official recipes but the EMA anchor. Time
+    # AWM (name: awm, rlrunner/algorithms/awm_loss.py); defaults as the official recipes but the EMA anchor. Time
     # weighting w(l, t) of each sample's flow-matching error l: none | t | t2 | huber | ghuber
     awm_weighting: str = "ghuber"
     awm_ghuber_power: float = 0.25  # p of the ghuber weighting t·((l + δ)^p - δ^p)/p

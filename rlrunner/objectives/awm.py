@@ -1,6 +1,6 @@
 """Advantage Weighted Matching (``algorithm.name: awm``): on-policy rollouts from the trained adapter with the
 recipe's ODE sampler (AWM is solver-agnostic: the official code samples with the stochastic SA-Solver, Flow-Factory
-with ODE dynamics), the loss of :func:`rlrunner.algorithms.awm.awm_loss` on forward-noised rollout latents.
+with ODE dynamics), the loss of :func:`rlrunner.algorithms.awm_loss.awm_loss` on forward-noised rollout latents.
 
 Each optimizer step makes ``awm_timesteps_per_sample`` loss passes over every sample (:meth:`AWMObjective.draws`),
 each at its own noise level with fresh noise from the sample's generator (seeded by sample position and pass,
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rlrunner.algorithms.awm import awm_band_index, awm_loss
+from rlrunner.algorithms.awm_loss import awm_band_index, awm_loss
 from rlrunner.algorithms.samplers import sample_xt
 from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, FlowModel

@@ -10,9 +10,9 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig
 
 from rlrunner.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from rlrunner.algorithms.awm import WEIGHTINGS
+from rlrunner.algorithms.awm_loss import WEIGHTINGS
 from rlrunner.algorithms.ema import DECAY_SCHEDULES
-from rlrunner.algorithms.nft import ADV_MODES, TARGET_SPACES, WEIGHT_MODES
+from rlrunner.algorithms.nft_loss import ADV_MODES, TARGET_SPACES, WEIGHT_MODES
 from rlrunner.algorithms.samplers import TRAIN_TIMESTEPS
 from rlrunner.config.check_kinds import POSITIVE_INT, Check, Choice, Context, Elsewhere, Range, Rule, fixed, names
 from rlrunner.config.errors import fail as _fail
@@ -95,7 +95,7 @@ def check_flow_grpo(cfg: DictConfig, ctx: Context) -> None:
     alg = cfg.algorithm
     if alg.name != "flow_grpo":
         return
-    from rlrunner.algorithms.flow_grpo import window_range  # torch: imported only for a flow_grpo recipe
+    from rlrunner.algorithms.flow_grpo_loss import window_range  # torch: imported only for a flow_grpo recipe
 
     key = f"actor.model.{cfg.actor.model.model_type}"
     family = cfg.actor.model[cfg.actor.model.model_type]
@@ -116,7 +116,7 @@ def check_flow_grpo(cfg: DictConfig, ctx: Context) -> None:
 
 
 def check_awm(cfg: DictConfig, ctx: Context) -> None:
-    """AWM's sampler band (rlrunner.algorithms.awm.awm_band_index) holds at least one noise level below 1."""
+    """AWM's sampler band (rlrunner.algorithms.awm_loss.awm_band_index) holds at least one noise level below 1."""
     alg = cfg.algorithm
     if alg.name != "awm" or alg.awm_timesteps != "sampler":
         return

@@ -1,5 +1,5 @@
 """Flow-GRPO (``algorithm.name: flow_grpo``): on-policy SDE rollouts with the trained adapter, and GRPO's clipped
-loss on the log-probabilities of the sampled steps (:mod:`rlrunner.algorithms.flow_grpo`).
+loss on the log-probabilities of the sampled steps (:mod:`rlrunner.algorithms.flow_grpo_loss`).
 
 Plain Flow-GRPO (``flow_grpo_sde_window_size: 0``) samples every step with the SDE; Flow-GRPO-Fast samples a
 window of a few consecutive early steps with it and the others with Euler's ODE step. Each sample trains on
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rlrunner.algorithms.flow_grpo import (
+from rlrunner.algorithms.flow_grpo_loss import (
     choose_steps,
     grpo_loss,
     sde_sample,

@@ -1,5 +1,5 @@
 """DiffusionNFT (``algorithm.name: nft``): rollouts from the EMA ("old") policy, the loss of
-:func:`rlrunner.algorithms.nft.nft_loss` at noisy states of the rollout's samples.
+:func:`rlrunner.algorithms.nft_loss.nft_loss` at noisy states of the rollout's samples.
 
 Where the training state ``(x_t, t)`` comes from (``algorithm.nft_xcur_source``):
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rlrunner.algorithms.nft import nft_loss
+from rlrunner.algorithms.nft_loss import nft_loss
 from rlrunner.algorithms.samplers import distinct_levels, sample_xt, training_grid
 from rlrunner.distributed.parallelize import Engine
 from rlrunner.models import EMA_ADAPTER, FlowModel

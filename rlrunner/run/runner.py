@@ -43,7 +43,7 @@ from rlrunner.tracking.logger import RunLogger, StepTimer
 from rlrunner.utils.device import precision_fallback_note
 from rlrunner.utils.seeding import derive_seed, rng_state, set_rng_state
 from rlrunner.workers.actor import ActorWorker
-from rlrunner.workers.env import EnvWorker, reward_settings
+from rlrunner.workers.reward import RewardWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker
 
 logger = logging.getLogger("rlrunner")
@@ -85,7 +85,7 @@ class Runner:
                                    self.lr_schedule_steps)
         self.rollout = cluster.spawn("rollout", RolloutWorker, placement.devices["rollout"], cfg.actor.model, run.seed,
                                      algorithm_cfg=alg, context_parallel_size=cfg.rollout.context_parallel_size)
-        self.env = cluster.spawn("env", EnvWorker, placement.devices["env"], reward_settings(env, run.watch))
+        self.env = cluster.spawn("env", RewardWorker, placement.devices["env"], reward_settings(env, run.watch))
         self.watch = Watch(cfg, self.log_dir)  # the reward-hacking watch (rlrunner/run/watch.py)
         placed = write_placement_report([self.actor, self.rollout, self.env], self.log_dir)
         note = precision_fallback_note(cfg.actor.model.precision, cfg.actor.model.half_precision_on_cpu,

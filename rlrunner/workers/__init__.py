@@ -1,5 +1,5 @@
 """The three kinds of worker, as plain classes whose public methods are the whole remote surface: rollout
-(samples with the EMA policy), env (decodes and scores), actor (the update, EMA and adapter exports). They know
+(samples with the EMA policy), reward (``reward.py``, the placement's ``env`` component: decodes and scores), actor (the update, EMA and adapter exports). They know
 nothing of Ray: ``rlrunner.cluster`` places and calls them. The checks of the actor's batch and optimizer keys are
 in ``checks.py``.
 

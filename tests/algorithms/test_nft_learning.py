@@ -15,7 +15,7 @@ from torch import nn
 
 from rlrunner.algorithms.advantages import group_advantages
 from rlrunner.algorithms.ema import ema_update_, tau_at
-from rlrunner.algorithms.nft import nft_loss
+from rlrunner.algorithms.nft_loss import nft_loss
 from rlrunner.algorithms.samplers import sample_flow, sample_xt, sigma_schedule
 
 MODES = torch.tensor([[2.0, 2.0], [-2.0, 2.0], [-2.0, -2.0], [2.0, -2.0]])

@@ -14,7 +14,7 @@ from rlrunner.config.checks import leaves
 from rlrunner.config.paths import PATH_KEYS, path_key
 from rlrunner.recipe import KEY_CHECKS, RecipeConfig
 from rlrunner.workers.actor import ActorWorker
-from rlrunner.workers.env import EnvWorker, reward_settings
+from rlrunner.workers.reward import RewardWorker, reward_settings
 from rlrunner.workers.rollout import RolloutWorker
 from tests.config.test_loader import load
 
@@ -44,7 +44,7 @@ def test_each_worker_checks_on_its_node_the_paths_it_reads(recipe_dir, tmp_path:
     model = {"actor.model.model_path": str(tmp_path / "model"), "actor.model.tiny.lora_path": str(tmp_path / "lora")}
     assert ActorWorker.node_paths(cfg.actor, cfg.algorithm, 1) == model
     assert RolloutWorker.node_paths(cfg.actor.model, 0) == model
-    assert EnvWorker.node_paths(reward_settings(cfg.env)) == {  # a hub id (processor_path) is no local path
+    assert RewardWorker.node_paths(reward_settings(cfg.env)) == {  # a hub id (processor_path) is no local path
         "env.train.reward.rewards[0].api_key_file": str(tmp_path / "key"),
         "env.eval.reward.head_path": str(tmp_path / "head.pth"),
         "env.eval.reward.token_file": str(tmp_path / "token")}
@@ -56,7 +56,7 @@ def test_an_env_workers_file_missing_on_its_node_fails_before_the_reward_is_buil
                "env.train.reward.token_file=token")
     (tmp_path / "token").unlink()  # on the driver's disk at load time, not on the node that starts the worker
     with pytest.raises(NodeSetupError) as err:
-        WorkerHost().construct({"RANK": "0", "WORLD_SIZE": "1"}, EnvWorker, (reward_settings(cfg.env),), {})
+        WorkerHost().construct({"RANK": "0", "WORLD_SIZE": "1"}, RewardWorker, (reward_settings(cfg.env),), {})
     assert str(err.value) == (f"cannot read env.train.reward.token_file={str(tmp_path / 'token')!r} (the file is on "
                               "the driver's disk, not on this node); put it in a folder every node mounts at the same "
                               "path")

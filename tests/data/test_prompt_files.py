@@ -17,7 +17,7 @@ from rlrunner.data.prompts import PromptSet, load_prompt_set, load_prompts
 from rlrunner.rewards import Reward, RewardOutput, build_reward
 from rlrunner.rewards.registry import REWARDS
 from rlrunner.step.batch import Batch
-from rlrunner.workers.env import EnvWorker
+from rlrunner.workers.reward import RewardWorker
 
 RECORDS = [{"prompt": 'a sign that says "ab"', "tag": "single_object", "include": [{"class": "sign", "count": 1}]},
            {"prompt": 'a mug that reads "cd"', "tag": "counting", "include": [{"class": "mug", "count": 2}]}]
@@ -138,7 +138,7 @@ def _metadata_probe(monkeypatch):
 def test_env_worker_hands_each_sample_its_rows_metadata():
     rewards = {"train": {"reward": {"model": "metadata_probe", "num_workers": 2}},
                "eval": {"reward": {"model": "jpeg_compressibility"}}}
-    worker = EnvWorker(OmegaConf.merge(OmegaConf.structured(EnvConfig), rewards))
+    worker = RewardWorker(OmegaConf.merge(OmegaConf.structured(EnvConfig), rewards))
     worker.set_prompt_metadata({"train": [{"score": 0.25}, {"score": 0.75}, {}, {"score": 0.5}]})
     part = Batch({"images": torch.zeros(5, 4, 4, 3, dtype=torch.uint8)},
                  {"prompts": ["a", "a", "b", "c", "a"], "rows": [0, 0, 1, 2, 3]})  # rows 0 and 3: the same text

@@ -117,12 +117,12 @@ class ThreadReport:
         from omegaconf import OmegaConf
 
         from rlrunner.config.schema import EnvConfig
-        from rlrunner.workers.env import EnvWorker
+        from rlrunner.workers.reward import RewardWorker
 
         env_cfg = OmegaConf.structured(EnvConfig)
         for split in ("train", "eval"):
             env_cfg[split].reward.update(model="ocr", engine="rapidocr", num_workers=1)
-        self.worker = EnvWorker(env_cfg, rank=rank, world_size=world_size)
+        self.worker = RewardWorker(env_cfg, rank=rank, world_size=world_size)
 
     def report(self) -> dict:
         engines = {split: s.reward.engines._kwargs["num_threads"] for split, s in self.worker.scorers.items()}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from family_helpers import PIPELINE_CALLS, make_noise, pipeline_sample, reference_scheduler
 
-from rlrunner.algorithms.nft import nft_loss
+from rlrunner.algorithms.nft_loss import nft_loss
 from rlrunner.models import EMA_ADAPTER, TRAINED_ADAPTER, detect_model_type
 from rlrunner.models.wan_a14b import LORA_FILES
 

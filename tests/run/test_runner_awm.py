@@ -61,7 +61,7 @@ def test_each_draw_takes_its_stratum_of_the_sampler_grid_and_ignores_its_neighbo
         micro = MicroBatch({"x0": x0[index]}, {}, generators, d)
         return TIMESTEPS[scheme](model, micro, alg, 10)
 
-    strata = [{1}, {2}, {3, 4}, {5}, {6}, {7, 8}]  # tests/algorithms/test_awm.py: test_band_strata_by_hand
+    strata = [{1}, {2}, {3, 4}, {5}, {6}, {7, 8}]  # tests/algorithms/test_awm_loss.py: test_band_strata_by_hand
     for d, stratum in enumerate(strata):
         t, noise = draw([0, 1, 2], d)
         assert all(any(math.isclose(v, sigmas[k].item()) for k in stratum) for v in t.tolist())

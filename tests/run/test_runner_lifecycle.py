@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rlrunner.commands.train import EXIT_PREEMPTED
 from rlrunner.run.checkpoint import CheckpointError, complete_checkpoints
 from rlrunner.run.runner import Runner, run
-from rlrunner.workers.env import EnvWorker
+from rlrunner.workers.reward import RewardWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = ["runner.val_before_train=false", "runner.val_check_interval=0", "runner.sample_log_interval=0"]
@@ -47,7 +47,7 @@ def test_a_failed_run_raises_its_own_error_and_still_closes_its_trackers(tmp_pat
         raise ConnectionError("reward service gone")
 
     monkeypatch.setattr(Runner, "train_step", fails_in_step_2)
-    monkeypatch.setattr(EnvWorker, "close", close)
+    monkeypatch.setattr(RewardWorker, "close", close)
     with pytest.raises(RuntimeError, match="^the step's own error$"):
         _run(tmp_path, "failed", "runner.max_steps=3", "runner.logger.logger_backends=[tensorboard,mlflow]")
     log_dir = tmp_path / "logs" / "failed"

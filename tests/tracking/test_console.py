@@ -34,8 +34,8 @@ def test_the_log_gets_plain_lines_and_the_terminal_the_bar():
     stderr.write("\rtrain:  50%|#####     | 1/2")
     stderr.write("\n")  # the newline that closes a bar
     stderr.write("[step 0] eval reward 0.5\n")
-    stderr.write("\x1b[36m(EnvWorker pid=7)\x1b[0m ready\n")  # a coloured prefix, as Ray writes on a terminal
-    assert log.getvalue() == "rlrunner: logging to x\n[step 0] eval reward 0.5\n(EnvWorker pid=7) ready\n"
+    stderr.write("\x1b[36m(RewardWorker pid=7)\x1b[0m ready\n")  # a coloured prefix, as Ray writes on a terminal
+    assert log.getvalue() == "rlrunner: logging to x\n[step 0] eval reward 0.5\n(RewardWorker pid=7) ready\n"
     assert terminal.getvalue().count("\r") == 1
 
 

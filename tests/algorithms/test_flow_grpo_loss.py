@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from runner_helpers import small_recipe, train_metrics
 
-from rlrunner.algorithms.flow_grpo import choose_steps, grpo_loss, sde_sample, sde_step_logprob, sde_window
+from rlrunner.algorithms.flow_grpo_loss import choose_steps, grpo_loss, sde_sample, sde_step_logprob, sde_window
 from rlrunner.algorithms.samplers import sample_flow, sigma_schedule
 from rlrunner.config.errors import RecipeError
 from rlrunner.config.schema import AlgorithmConfig

@@ -2,7 +2,7 @@
 
 AWM trains on the pretraining objective itself: the flow-matching error of the policy's velocity on its own clean
 samples, each sample's error weighted by its advantage, so that high-reward samples are fitted and low-reward ones
-pushed away. Conventions as in :mod:`rlrunner.algorithms.nft`: ``x_t = (1 - t)·x0 + t·ε`` with t = 1 pure noise,
+pushed away. Conventions as in :mod:`rlrunner.algorithms.nft_loss`: ``x_t = (1 - t)·x0 + t·ε`` with t = 1 pure noise,
 the model predicts ``v = ε - x0``. With c = ``adv_clip_max``::
 
     ℓ   = mean((v_θ(x_t, t) - (ε - x0))²)            per sample (per sample and latent frame for [B, F] advantages)

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from rlrunner.algorithms.nft import nft_loss, nft_velocities, reward_weight
+from rlrunner.algorithms.nft_loss import nft_loss, nft_velocities, reward_weight
 
 BETA, C = 0.5, 5.0  # hand cases: t·β = 0.25 and c/β = 10
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlrunner.algorithms.awm import WEIGHTINGS, awm_band_index, awm_loss
+from rlrunner.algorithms.awm_loss import WEIGHTINGS, awm_band_index, awm_loss
 
 C = 5.0  # adv_clip_max: Â = clamp(A, -5, 5) / 5
 

@@ -1,4 +1,5 @@
-"""Env worker: scores decoded images or frames against their prompts with the recipe's reward."""
+"""The reward worker (the placement's ``env`` component, RLinf's name): scores decoded images or frames against
+their prompts with the recipe's reward."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ SPLITS = ("train", "eval")
 
 
 def reward_settings(env_cfg: Any, watch_cfg: Any = None) -> Any:
-    """What an env worker is built from: each split's ``reward`` section of the recipe's ``env``, and the
+    """What a reward worker is built from: each split's ``reward`` section of the recipe's ``env``, and the
     reward-hacking watch's (``runner.watch``; None: no watch), nothing more, so that no path of the log folder
     (``video_cfg``) reaches a worker."""
     from omegaconf import OmegaConf
@@ -28,7 +29,7 @@ def reward_settings(env_cfg: Any, watch_cfg: Any = None) -> Any:
     return settings
 
 
-class EnvWorker:
+class RewardWorker:
     """Holds one reward (and its OCR engine) per split.
 
     Scoring is asynchronous inside the worker: ``submit`` returns a ticket at once and the reward's scorer
