@@ -26,6 +26,10 @@ import torch
 
 Tensor = torch.Tensor
 
+#: the recipe keys of the EMA's schedule: RLinf's names, kept, though every algorithm's EMA reads them (NFT's old
+#: policy, AWM's anchor), not NFT's alone
+EMA_KEYS = ("nft_tau", "nft_decay_type")
+
 # kind -> (flat steps, rate per step, cap): η = 0 for step < flat, else min(rate·(step - flat), cap)
 DECAY_SCHEDULES: dict[str, tuple[int, float, float]] = {
     "copy": (0, 0.0, 0.0),

@@ -4,6 +4,6 @@
 parses its arguments, turns a user's mistake into one line and an exit status, and calls the packages below; no
 other package imports a command.
 
-May import: rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.objectives, rlrunner.recipe,
-rlrunner.rewards, rlrunner.run, rlrunner.sizing, rlrunner.tracking, rlrunner.utils
+May import: rlrunner.algorithms, rlrunner.cluster, rlrunner.config, rlrunner.models, rlrunner.objectives,
+rlrunner.recipe, rlrunner.rewards, rlrunner.run, rlrunner.sizing, rlrunner.tracking, rlrunner.utils
 """

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlrunner.algorithms.ema import EMA_KEYS
 from rlrunner.config.loader import DEFAULT_RECIPE, RecipeError, to_yaml, with_log_dir
 from rlrunner.models import MODEL_FAMILIES, model_class
 from rlrunner.objectives import OBJECTIVES
@@ -38,9 +39,6 @@ from rlrunner.run.outcome import (  # noqa: F401 (the exit statuses, named where
     run_outcome,
 )
 from rlrunner.tracking.console import console_copied_to
-
-# algorithm.<name>_* keys belong to algorithm <name>, except the EMA schedule, which every algorithm uses
-SHARED_ALGORITHM_KEYS = ("nft_tau", "nft_decay_type")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -66,8 +64,8 @@ def default_log_dir(cfg_log_path: str, config_name: str) -> Path:
 
 def dry_run_view(cfg: DictConfig) -> DictConfig:
     """The resolved recipe without the blocks it does not use: other model families' sections and their own
-    settings (:attr:`~rlrunner.models.FlowModel.own_settings`), other algorithms' keys (the EMA keys
-    ``nft_tau``/``nft_decay_type`` serve every algorithm) and unset reward settings."""
+    settings (:attr:`~rlrunner.models.FlowModel.own_settings`), other algorithms' keys (``algorithm.<name>_*``; the EMA's keys,
+    :data:`~rlrunner.algorithms.ema.EMA_KEYS`, serve every algorithm) and unset reward settings."""
     view = OmegaConf.to_container(cfg, resolve=True)
     model = view["actor"]["model"]
     for family in MODEL_FAMILIES:
@@ -79,7 +77,7 @@ def dry_run_view(cfg: DictConfig) -> DictConfig:
     algorithm = view["algorithm"]
     for name in OBJECTIVES:
         if name != algorithm["name"]:
-            for key in [k for k in algorithm if k.startswith(f"{name}_") and k not in SHARED_ALGORITHM_KEYS]:
+            for key in [k for k in algorithm if k.startswith(f"{name}_") and k not in EMA_KEYS]:
                 del algorithm[key]
     for split in view["env"].values():  # other rewards' settings: left unset ('' or []) by a recipe that uses none
         reward = split["reward"]

@@ -138,7 +138,8 @@ class AlgorithmConfig:
     nft_weight_mode: str = "adaptive"  # adaptive | constant
     # NFT trust region: |delta v| at most this times |v_old| per sample (null = off)
     nft_clip_ratio: float | None = None
-    # EMA "old" policy: scalar tau or [start, end, s0, s1] (RLinf); ema <- (1 - tau) ema + tau theta
+    # the EMA adapter of every algorithm (NFT's "old" policy, AWM's anchor; RLinf's name, hence nft_):
+    # scalar tau or [start, end, s0, s1] (RLinf); ema <- (1 - tau) ema + tau theta
     nft_tau: Any = field(default_factory=lambda: [1.0, 0.01, 30, 70])
     # official-code spelling instead of nft_tau: copy | linear_to_0_5 | delayed_linear_to_0_999, evaluated (as the
     # official trainer does) at the optimizer steps taken so far, not the global step (see algorithms/ema.py)
