@@ -1,6 +1,7 @@
 """Actor update seconds with 1 vs 2 actor ranks (gloo, Ray workers), and what the data-parallel engine costs.
 
     .venv/bin/python bench/actor_ranks.py [--steps 5] [--strategy ddp] [key=value ...]
+    .venv/bin/python bench/actor_ranks.py --quick    # seconds, tiny sizes: checks that it runs (a test does)
 
 Builds the default (tiny) recipe's actor on 1 and on 2 CPU devices, gives it one step's worth of synthetic
 samples (``env.train.total_num_envs`` latents, real text conditioning) and times ``update`` (median of
@@ -22,13 +23,17 @@ gathers of each forward and backward, which the memory saving costs.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))  # tests/helpers/family_helpers.py
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "tests" / "helpers"))  # tests/helpers/family_helpers.py
+# Ray's workers find rlrunner in the driver's working directory: run from elsewhere, they need the checkout's path
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 import torch
 from family_helpers import encode_prompt_batch, make_noise
@@ -40,6 +45,10 @@ from rlrunner.recipe import load_recipe
 from rlrunner.step.batch import Batch
 from rlrunner.step.sample_order import optimizer_step_shards
 from rlrunner.workers.actor import ActorWorker
+
+#: ``--quick``: a step of two prompts' two samples, one micro-batch per rank
+QUICK_OVERRIDES = ["algorithm.group_size=2", "env.train.total_num_envs=4", "actor.global_batch_size=4",
+                   "actor.micro_batch_size=2"]
 
 
 class BenchActor(ActorWorker):
@@ -105,9 +114,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="timed updates per setting (after one warm-up)")
     parser.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp2"])
+    parser.add_argument("--quick", action="store_true",
+                        help="seconds, tiny sizes (4 samples, 1 timed update unless --steps says): checks that the "
+                             "script runs (tests/project/test_bench_scripts.py)")
     parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. actor.micro_batch_size=8")
     args = parser.parse_args()
-    overrides = [*args.overrides, f"actor.strategy={args.strategy}"]
+    if args.quick:
+        parser.set_defaults(steps=1)
+        args = parser.parse_args()
+    overrides = [*(QUICK_OVERRIDES if args.quick else []), *args.overrides, f"actor.strategy={args.strategy}"]
     cfg = load_recipe("tiny_nft_ocr", overrides)
     batch, advantages = synthetic_batch(cfg, cfg.env.train.total_num_envs * cfg.env.train.rollout_epoch)
     # FSDP2's hooks live on the model's own modules: only DDP can be switched off for a no-engine baseline

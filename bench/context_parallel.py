@@ -15,6 +15,7 @@ by side on two cores, as two devices would).
 
     .venv/bin/python bench/context_parallel.py                      # 33 frames at 256 x 256: 2304 tokens
     .venv/bin/python bench/context_parallel.py --frames 61 --resolution 256 --repeats 5
+    .venv/bin/python bench/context_parallel.py --quick    # seconds, tiny sizes: checks that it runs (a test does)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from diffusers import WanTransformer3DModel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,11 +41,11 @@ from rlrunner.distributed.context_parallel import apply_context_parallel, parall
 # columns of torch.profiler._memory_profiler.MemoryProfileTimeline's coalesced sizes (index 0 is unused)
 CATEGORY_COLUMNS = {"parameter": 1, "optimizer_state": 2, "input": 3, "temporary": 4, "activation": 5,
                     "gradient": 6, "autograd_detail": 7, "unknown": 8}
+#: ``--quick``: the smallest model and latent that cp 2 still splits (2 heads, 4 tokens), one timed step
+QUICK = {"frames": 1, "resolution": 32, "heads": 2, "head_dim": 8, "layers": 1, "repeats": 1}
 
 
 def build_transformer(args: argparse.Namespace):
-    from diffusers import WanTransformer3DModel
-
     torch.manual_seed(0)
     return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=args.heads, attention_head_dim=args.head_dim,
                                  in_channels=16, out_channels=16, text_dim=64, freq_dim=32,
@@ -102,7 +104,8 @@ def measure(cp: int, args: argparse.Namespace, out: str) -> list[dict]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(rank_main, args=(cp, port, args, out), nprocs=cp, join=True)
+    # forked, the ranks start with the imports done here (torch and diffusers: seconds of CPU per process)
+    mp.start_processes(rank_main, args=(cp, port, args, out), nprocs=cp, join=True, start_method="fork")
     return [torch.load(Path(out) / f"cp{cp}_rank{r}.pt") for r in range(cp)]
 
 
@@ -114,7 +117,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per run (median)")
+    parser.add_argument("--quick", action="store_true",
+                        help="seconds, tiny sizes (1 frame at 32x32, 1 block of 2 heads x 8, 1 timed step; sizes "
+                             "given still apply): checks that the script runs (tests/project/test_bench_scripts.py)")
     args = parser.parse_args(argv)
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
     tokens = (1 + (args.frames - 1) // 4) * (args.resolution // 16) ** 2
     print(f"Wan transformer {args.layers} blocks x {args.heads} heads x {args.head_dim}, {args.frames} frames at "
           f"{args.resolution}x{args.resolution}: {tokens} tokens per sample; one training forward + backward, fp32, CPU")

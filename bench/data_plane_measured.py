@@ -3,6 +3,9 @@
     .venv/bin/python bench/data_plane_measured.py                       # tiny_nft_ocr, 2 steps (~1-2 min on CPU)
     .venv/bin/python bench/data_plane_measured.py --steps 3 env.train.total_num_envs=32   # dotted overrides
     .venv/bin/python bench/data_plane_measured.py --actor-ranks 2       # DDP over gloo: what each rank fetches
+    .venv/bin/python bench/data_plane_measured.py --quick               # tiny sizes, 1 step (Ray's start dominates):
+                                                                        # checks the script runs
+                                                                        # (tests/project/test_bench_scripts.py)
 
 Actor (``--actor-ranks`` CPU "devices"), rollout and env run as separate Ray actors. Every size is the pickled size
 (protocol 5) of what crosses a process boundary, summed per step: what the driver receives from each worker method
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import pickle
 import sys
 import tempfile
@@ -27,8 +31,14 @@ sys.path.insert(0, str(ROOT))
 from rlrunner.cluster import create_cluster, ray_backend
 from rlrunner.recipe import load_recipe
 from rlrunner.run import runner as runner_module
+from rlrunner.run.run_logging import logs_samples_at
 from rlrunner.workers.actor import ActorWorker
 from rlrunner.workers.reward import RewardWorker
+
+#: --quick: the tiny recipe at one step of one prompt x 2 samples, 2 Euler steps (recipe overrides before the
+#: command line's)
+QUICK_OVERRIDES = ["algorithm.group_size=2", "env.train.total_num_envs=2", "actor.micro_batch_size=2",
+                   "actor.global_batch_size=2", "actor.model.tiny.num_steps=2"]
 
 
 def nbytes(value) -> int:
@@ -72,9 +82,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="training steps; step 1 logs samples, later ones not")
     parser.add_argument("--actor-ranks", type=int, default=1, help="actor ranks (each fetches only its own rows)")
     parser.add_argument("overrides", nargs="*", help="dotted recipe overrides, as for the launcher")
+    parser.add_argument("--quick", action="store_true", help=f"tiny sizes, 1 step: {' '.join(QUICK_OVERRIDES)} "
+                                                             "(flags and overrides given beside it still win); "
+                                                             "checks that the script runs")
     args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(steps=1)
+        args = parser.parse_args()
     import ray
 
+    # the Ray workers start from a checkout too, whatever the current directory: rlrunner on their path
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     received, sent = collections.Counter(), collections.Counter()
     real_gather, real_submit = ray_backend.gather, ray_backend.RayWorkerGroup._submit
 
@@ -98,7 +116,7 @@ def main() -> None:
             "runner.save_interval=0", f"runner.logger.log_path={tmp}", "cluster.backend=ray",
             f"cluster.num_devices_per_node={n + 2}",
             f"cluster.component_placement={{actor: 0-{n - 1}, rollout: {n}, env: {n + 1}}}",
-            *args.overrides])
+            *(QUICK_OVERRIDES if args.quick else []), *args.overrides])
         with create_cluster(cfg.cluster) as cluster:
             runner = runner_module.Runner(cfg, Path(tmp), cluster)
             for step in range(1, args.steps + 1):
@@ -107,7 +125,8 @@ def main() -> None:
                 runner.train_step()
                 step_received, step_sent = dict(received), dict(sent)
                 actor, env = runner.actor.call("measured"), runner.env.call("measured")
-                print(f"\nstep {step} ({'logs' if runner.logs_samples_at(step) else 'does not log'} "
+                logs = logs_samples_at(cfg.runner.sample_log_interval, step)
+                print(f"\nstep {step} ({'logs' if logs else 'does not log'} "
                       f"{cfg.runner.num_logged_samples} samples), bytes:")
                 for name, value in sorted(step_received.items()):
                     print(f"  driver <- {name:28s} {value:>12,}")

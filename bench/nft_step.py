@@ -18,6 +18,8 @@ wall time when the machine is loaded).
 
     .venv/bin/python bench/nft_step.py [--repeats 25] [--layers 4] [--batch 4]
     .venv/bin/python bench/nft_step.py --family all     # the same steps through each family's FlowModel.velocity
+    .venv/bin/python bench/nft_step.py --quick          # seconds, tiny sizes: checks the script runs
+                                                        # (tests/project/test_bench_scripts.py)
 
 With ``--family``, (a), (b), (c) and (c') run through a model family's own ``FlowModel.velocity`` (its input packing,
 timestep convention, embedded guidance, adapter switch) on the family's tiny random pipeline of the model tests.
@@ -46,6 +48,8 @@ from rlrunner.models.lora import fast_switch
 
 NUM_STEPS = 10  # sampler steps: the training t grid
 TRAINED, OLD = "default", "ema"
+#: --quick: the fewest layers, samples and repeats
+QUICK = {"repeats": 1, "warmup": 0, "layers": 1, "batch": 1}
 # the attention projections the official DiffusionNFT / flow_grpo SD3 recipes adapt
 LORA_TARGETS = [
     "attn.to_q",
@@ -328,7 +332,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--family", default="", help="a model family of the tiny pipelines, or all (default: the "
                                                      "bare SD3 transformer above)")
+    parser.add_argument("--quick", action="store_true", help=f"seconds, tiny sizes {QUICK}: checks that the script "
+                                                             "runs (flags given beside it still win)")
     args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()
     torch.set_num_threads(1)  # one thread: the CPU-time clock then sees all the work
     if args.family:
         from rlrunner.models import MODEL_FAMILIES

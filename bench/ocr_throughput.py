@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ocr_throughput.py                       # 64 images of 512 px and of 32x128 px
     .venv/bin/python bench/ocr_throughput.py --num-images 16 --engine rapidocr --modes per_image batched
+    .venv/bin/python bench/ocr_throughput.py --quick  # tiny sizes, seconds: tests/project/test_bench_scripts.py
 
 Modes (each on the same images; ``reward`` = mean OCR reward, a sanity check that speed did not cost accuracy):
   per_image   one engine call per image (full detection + recognition)
@@ -46,6 +47,8 @@ from rlrunner.rewards import AsyncRewardScorer, build_reward
 
 WORDS = ["Hello World", "Open Late", "Fresh Bread", "RL 2025", "Neon Cafe", "Exit Only", "Sale 50%", "Night Owl"]
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"
+#: ``--quick``'s defaults: every mode on two one-line images with one worker (one spawned process)
+QUICK = {"num_images": 2, "sizes": ["128x32"], "batch_size": 2, "workers": 1}
 
 
 def render(text: str, width: int, height: int, seed: int) -> np.ndarray:
@@ -155,7 +158,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--modes", nargs="+", default=["per_image", "batched", "rec_only", "threads", "processes"])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"tiny sizes ({QUICK}; options given still apply): checks the script runs in seconds")
     args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{args.num_images} images per set, batch_size {args.batch_size}, {args.workers} workers, {cores} cores")
     print(f"{'images':<12}{'mode':<12}{'img/s':>8}{'vs per_image':>14}{'reward':>8}")

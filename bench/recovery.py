@@ -1,6 +1,7 @@
 """What a lost worker costs: the time from its death to the first step after recovery, and the steps lost.
 
     .venv/bin/python bench/recovery.py [--role actor|rollout|env] [--steps 4] [--kill-after 2] [key=value ...]
+    .venv/bin/python bench/recovery.py --quick  # tiny sizes, 3 steps, 1-2 min (Ray): tests/project/test_bench_scripts.py
 
 Runs the CPU recipe (``tiny_nft_ocr``: the tiny model, the real OCR reward) on a one-node Ray started here, with
 its actor, rollout and env workers as separate Ray actors, ``runner.save_interval=1`` and no evals. Once
@@ -28,7 +29,10 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing rlrunner
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing rlrunner
+# Ray's workers find rlrunner in the driver's working directory: run from elsewhere, they need the checkout's path
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 from rlrunner.recipe import load_recipe
 from rlrunner.run.checkpoint import complete_checkpoints
 from rlrunner.run.runner import run
@@ -36,6 +40,11 @@ from rlrunner.run.runner import run
 RECIPE = ["cluster.backend=ray", "cluster.num_devices_per_node=3",
           "cluster.component_placement={actor: 0, rollout: 1, env: 2}", "runner.save_interval=1",
           "runner.val_before_train=false", "runner.val_check_interval=0", "runner.sample_log_interval=0"]
+#: ``--quick``: the fewest steps that leave one to run after the killed one, of one prompt x 2 samples and 2
+#: sampling steps; the Ray start and the workers' start and restart (most of its minute or two) stay as they are
+QUICK = {"steps": 3, "kill_after": 1}
+QUICK_RECIPE = ["actor.model.tiny.num_steps=2", "algorithm.group_size=2", "env.train.total_num_envs=2",
+                "actor.micro_batch_size=2", "actor.global_batch_size=2"]
 
 
 def train_rows(log_dir: Path) -> list[dict]:
@@ -71,10 +80,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="runner.max_steps")
     parser.add_argument("--kill-after", type=int, default=2, help="kill during the step after this one's checkpoint")
     parser.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"tiny sizes ({QUICK}, {' '.join(QUICK_RECIPE)}; options and overrides given still "
+                             "apply): checks the script runs")
     args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()
     if not 1 <= args.kill_after < args.steps:
         parser.error(f"--kill-after must be in 1..{args.steps - 1} (--steps {args.steps}), got {args.kill_after}")
-    cfg = load_recipe("tiny_nft_ocr", [*RECIPE, f"runner.max_steps={args.steps}", *args.overrides])
+    quick = QUICK_RECIPE if args.quick else []
+    cfg = load_recipe("tiny_nft_ocr", [*RECIPE, *quick, f"runner.max_steps={args.steps}", *args.overrides])
     with tempfile.TemporaryDirectory() as root:
         log_dir = Path(root) / "run"
         log_dir.mkdir()

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/reward_service.py                              # 64 digit images 32x96, rec_only OCR
     .venv/bin/python bench/reward_service.py --size 256 --no-rec-only --num-images 32 --batch-sizes 1 16
+    .venv/bin/python bench/reward_service.py --quick  # tiny sizes, seconds: tests/project/test_bench_scripts.py
 
 Starts ``python -m rlrunner.commands.serve_reward`` on a free 127.0.0.1 port with the same engine and settings as the
 local reward, scores the same images in batches of each size (one request in flight, as the local reward runs one
@@ -41,6 +42,8 @@ from rlrunner.rewards import build_reward
 
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"
 STARTUP_S = 120.0
+#: ``--quick``'s defaults: two digit strips in one batch of 2, one round (the server still starts)
+QUICK = {"num_images": 2, "batch_sizes": [2], "rounds": 1}
 
 
 def render_digits(text: str, height: int, width: int, seed: int) -> np.ndarray:
@@ -90,7 +93,12 @@ def main() -> None:
     parser.add_argument("--no-rec-only", dest="rec_only", action="store_false", help="full detection + recognition")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=3, help="alternating local/remote rounds per batch size")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"tiny sizes ({QUICK}; options given still apply): checks the script runs in seconds")
     args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()
 
     height, width = (args.size, args.size) if args.size else (32, 96)
     texts = [str(2345 + 37 * i) for i in range(args.num_images)]

@@ -7,6 +7,8 @@ what differs is only the loop around the transformer. The ratio ``ours / diffuse
     .venv/bin/python bench/rollout_overhead.py                      # tiny random pipelines of every family, on CPU
     .venv/bin/python bench/rollout_overhead.py --family sd3 --model-path stabilityai/stable-diffusion-3.5-medium \\
         --resolution 512 --steps 10 --batch 8 --precision bf16          # a real checkpoint on a GPU
+    .venv/bin/python bench/rollout_overhead.py --quick              # seconds, tiny sizes: checks the script runs
+                                                                    # (tests/project/test_bench_scripts.py)
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from rlrunner.utils.device import resolve_device, resolve_dtype
 TARGET = 1.05
 #: the diffusers families (tiny is rlrunner's own model: no pipeline to compare with)
 FAMILIES = [family for family in MODEL_FAMILIES if family != "tiny"]
+#: --quick: one family, the fewest samples, steps and repeats (2 steps: qwen_image's terminal shift divides by zero
+#: on a 1-step grid)
+QUICK = {"family": "sd3", "steps": 2, "batch": 1, "repeats": 1}
 
 
 def _tiny_writers():
@@ -108,7 +113,12 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="bf16", help="bf16 | fp16 | fp32 (half falls back to fp32 on CPU)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--quick", action="store_true", help=f"seconds, tiny sizes {QUICK}: checks that the script "
+                                                             "runs (flags given beside it still win)")
     args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()
     torch.set_num_threads(args.threads)
     families = FAMILIES if args.family == "all" else [args.family]
     if args.model_path and len(families) > 1:

@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/tiny_headroom.py                        # the shipped model, 30 oracle steps
     .venv/bin/python bench/tiny_headroom.py --oracle-steps 80      # docs/benchmarks.md: about 10 min on 1 free core
+    .venv/bin/python bench/tiny_headroom.py --quick                # seconds, tiny sizes: checks the script runs
+                                                                   # (tests/project/test_bench_scripts.py)
 
 1. **Noise temperature**: held-out OCR reward when the initial noise is scaled by T < 1. Lower T gives more
    typical ("modal") samples; the gap to T = 1 is what sharpening the model's distribution could win.
@@ -43,6 +45,9 @@ from rlrunner.rewards import build_reward
 DATA = ROOT / "examples/diffusion/data/tiny_ocr"
 RECIPE = ROOT / "examples/diffusion/config/tiny_nft_ocr.yaml"
 CHUNK = 64  # images per sampling call
+#: --quick: the fewest prompts, Euler steps, temperatures, group members and oracle steps
+QUICK = {"num_prompts": 1, "num_steps": 2, "temperatures": [1.0], "group_size": 2, "group_prompts": 1,
+         "oracle_steps": 1, "oracle_prompts": 1, "eval_every": 1}
 
 
 class Headroom:
@@ -128,7 +133,12 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=99)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help=f"seconds, tiny sizes {QUICK}: checks that the script runs "
+                                                        "(flags given beside it still win)")
     args = p.parse_args()
+    if args.quick:
+        p.set_defaults(**QUICK)
+        args = p.parse_args()
     torch.set_num_threads(args.threads)
     start = time.time()
     bench = Headroom(args)

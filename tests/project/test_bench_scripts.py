@@ -89,16 +89,52 @@ def test_the_help_check_sees_a_script_that_needs_rlrunner_on_its_path(tmp_path):
     assert codes == {"good.py": 0, "bad.py": 1}, done.stdout[-2000:]
 
 
-#: a benchmark's run in seconds, on what it reads without training (config-only model folders): it keeps working
-#: through refactors of what it calls (bench/data_plane.py crashed when step_geometry gained its guidance argument)
-QUICK_RUNS = {"data_plane.py": (["--recipe", "sd3_nft_ocr"], "8 ranks: a rank's bytes")}
+#: each benchmark's quick run (``--quick``: its own code path at tiny sizes; data_plane.py reads config-only model
+#: folders and trains nothing), so that it keeps working through refactors of what it calls (bench/data_plane.py
+#: crashed when step_geometry gained its guidance argument, bench/data_plane_measured.py when the runner's sample
+#: logging moved): the arguments, and a line its full run prints too, once the work is done
+QUICK_RUNS = {
+    "data_plane.py": (["--recipe", "sd3_nft_ocr"], "8 ranks: a rank's bytes"),
+    "nft_step.py": (["--quick"], "switch to ema and back, AdapterSwitch"),
+    "rollout_overhead.py": (["--quick"], "worst ratio "),
+    "tiny_headroom.py": (["--quick"], "step 1: held-out reward"),
+    "ocr_throughput.py": (["--quick"], "128x32      processes"),
+    "reward_service.py": (["--quick"], "  True"),
+    "context_parallel.py": (["--quick"], "cp 2 / cp 1 per rank: activations"),
+    "step_breakdown.py": (["--quick"], "async_reward=false: step/(rollout+train) ="),
+    "cpu_recipe.py": (["--quick"], "held-out reward gained per minute"),
+    # these start a Ray cluster of three workers (and recovery.py restarts it): a minute or two each
+    "data_plane_measured.py": (["--quick"], "conditioning to the actor:"),
+    "actor_ranks.py": (["--quick"], "engine overhead, CPU = (2 ranks - 2 ranks no engine) / 1 rank ="),
+    "recovery.py": (["--quick"], "(median before the kill)"),
+}
+#: quick runs of more than a few seconds: torch's import, an OCR engine, a server or a Ray cluster started
+SLOW_QUICK_RUNS = set(QUICK_RUNS) - {"data_plane.py"}
 
 
-@pytest.mark.parametrize("script", sorted(QUICK_RUNS))
+@pytest.mark.parametrize("script", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_QUICK_RUNS else [])
+                                    for name in sorted(QUICK_RUNS)])
 def test_bench_script_runs_quickly(script, tmp_path):
     args, printed = QUICK_RUNS[script]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     result = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+                            capture_output=True, text=True, timeout=420, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert printed in result.stdout
+
+
+#: the scripts without a quick run here, and what runs them instead
+RUN_ELSEWHERE = {
+    "algorithms.py": "tests/project/test_bench_algorithms.py (its report and step-budget calibration)",
+    "simulate_recipes.py": "full-size simulations, minutes a recipe; tests/sizing/test_plan_vs_simulation.py runs its "
+                           "fit table and plan --simulate",
+    "compat.sh": "builds environments of other torch versions (minutes, the index); it runs test files of this suite",
+    "provenance.py": "a module the other scripts import",
+    **{name: "the GPU check, rehearsed on CPU with --tiny by tests/project/test_gpu_check*.py"
+       for name in ("gpu_check.sh", "gpu_check.py", "gpu_parts.py", "gpu_launched.py", "gpu_prepare.py",
+                    "gpu_folders.py")},
+}
+
+
+def test_every_bench_script_has_a_quick_run_or_says_what_runs_it():
+    assert sorted(p.name for p in SCRIPTS) == sorted({*QUICK_RUNS, *RUN_ELSEWHERE})
