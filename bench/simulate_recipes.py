@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import re
 import subprocess
@@ -76,6 +77,7 @@ def fingerprint(recipe: str) -> str:
     return recipe_fingerprint(cfg, ROOT / "bench" / "model_configs" / RECIPE_FOLDERS[recipe], ROOT)
 
 
+@functools.cache  # the docs table and tests/sizing/test_plan_vs_simulation.py ask for each recipe's more than once
 def formula_peaks(recipe: str) -> dict[str, int]:
     """The formula's peak bytes per set of alike devices (``"0-7"``), as ``bin/rlrunner plan`` computes them."""
     cfg = load_recipe(recipe, plan_overrides(recipe), check_datasets=False)

@@ -119,6 +119,7 @@ def test_python_entry_point_dry_run_starts_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_default_recipe_runs_end_to_end_shortened(tmp_path):
     """No config name: the CPU recipe (shipped tiny model, real OCR reward), a few steps and prompts."""
     result = launch("runner.max_steps=2", "env.train.total_num_envs=16", "actor.global_batch_size=16",

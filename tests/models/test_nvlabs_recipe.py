@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from shell_helpers import clean_env
@@ -59,6 +60,7 @@ def test_the_recipe_passes_dry_run(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_the_recipe_trains_two_steps_on_the_tiny_sd3_folder(tiny_dirs, tmp_path):
     # 2 prompts x 2 images per step in optimizer steps of 2: two per rollout, as the recipe's 1152 / 576; 10 sampler
     # steps kept, so each sample trains at 9 distinct levels of the sampler's grid

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from runner_helpers import make_assets
 from shell_helpers import ROOT, clean_env
@@ -107,6 +108,7 @@ PLUG_OVERRIDES = [
 ]
 
 
+@pytest.mark.slow
 def test_a_plugin_family_and_reward_train_one_step_through_the_launcher(tmp_path):
     site, model, record = plug_site(tmp_path), plug_model(tmp_path), tmp_path / "record.jsonl"
     _, data = make_assets(tmp_path)
@@ -129,6 +131,7 @@ def test_a_plugin_family_and_reward_train_one_step_through_the_launcher(tmp_path
     assert (run_dir / "checkpoints" / "global_step_1").is_dir()
 
 
+@pytest.mark.slow
 def test_a_plugin_familys_section_is_typed_and_rejects_unknown_keys(tmp_path):
     site, model = plug_site(tmp_path), f"actor.model.model_path={plug_model(tmp_path)}"
     ok = launch("tiny_nft_ocr", "actor.model.model_type=plug_tiny", model, "--dry-run", site=site, log_root=tmp_path)

@@ -82,6 +82,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(uninterrupted, monke
             assert ours[key] == reference[key], key
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_resumes_from_previous_complete(uninterrupted, tmp_path):
     """A crash while global_step_4 is written leaves global_step_2 as the newest; auto-resume continues exactly."""
     flag = tmp_path / "writing"
@@ -196,6 +197,7 @@ def test_export_writes_a_diffusers_lora_folder(uninterrupted, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_rollout_ahead_resumes_exactly(tmp_path, monkeypatch):
     """With the next rollout started during the update, a resume replays it with the adapters that sampled it."""
     ahead = ("runner.max_steps=4", "runner.save_interval=2", "runner.rollout_ahead=true")

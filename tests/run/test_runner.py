@@ -52,6 +52,7 @@ def test_local_run_reports_its_placement(local_run):
         ("actor", 0, "local"), ("rollout", 0, "local"), ("env", 0, "local")]
 
 
+@pytest.mark.slow
 def test_the_policy_moves_only_when_the_reward_carries_a_signal(local_run, tmp_path):
     """NFT's gradient at v_theta = v_old is beta^2 (v_theta - v_old) when every advantage is 0 (r = 1/2): exactly 0.
     With ``reward_signal: none`` the LoRA up-projections stay 0, so the policy never moves (grad_norm and Δv are 0 at

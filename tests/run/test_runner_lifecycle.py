@@ -117,6 +117,7 @@ def test_the_same_rollout_groups_on_other_ranks_resume_and_go_on_as_the_saved_ru
     assert [m["env/avg"] for m in train_metrics(resumed)] == [m["env/avg"] for m in train_metrics(cosine_run)][1:]
 
 
+@pytest.mark.slow
 def test_resume_between_weight_syncs_rolls_out_with_the_adapters_of_the_last_sync(tmp_path):
     """runner.weight_sync_interval=2: step 2 rolls out with step 0's adapters; a resume from step 1 must too."""
     sync = ("runner.weight_sync_interval=2", "runner.max_steps=3", "runner.save_interval=1")

@@ -21,14 +21,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from simulate_recipes import RECIPE_FOLDERS, fingerprint, fit_table, plan_overrides
+from simulate_recipes import RECIPE_FOLDERS, fingerprint, fit_table, formula_peaks, plan_overrides
 
-from rlrunner.cluster.placement import parse_placement
-from rlrunner.cluster.resources import detect_devices_per_node
-from rlrunner.commands.plan import formula_device_peaks
 from rlrunner.config.loader import recipe_path
-from rlrunner.recipe import load_recipe
-from rlrunner.sizing.memory import model_sizes, resolve_model_folder, step_geometry
 from rlrunner.sizing.record import read_record
 from rlrunner.sizing.sim_report import GIB, recipe_device_gib
 
@@ -59,11 +54,7 @@ def test_every_gpu_recipe_has_a_config_folder_and_a_current_record():
 
 @pytest.mark.parametrize("recipe", sorted(RECIPE_FOLDERS))
 def test_formula_peak_is_within_its_band_of_the_simulated_peak(recipe):
-    cfg = load_recipe(recipe, plan_overrides(recipe), check_datasets=False)
-    sizes = model_sizes(cfg.actor.model, resolve_model_folder(cfg.actor.model.model_path, REPO))
-    placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
-                                detect_devices_per_node(cfg.cluster))
-    formula = formula_device_peaks(cfg, sizes, step_geometry(cfg, placement, sizes.guidance), placement)
+    formula = formula_peaks(recipe)
     simulated = {device["device"]: device for device in _entry(recipe)["simulation"]["devices"]}
     assert formula.keys() == simulated.keys()
     low, high = FORMULA_OVER_SIMULATION
