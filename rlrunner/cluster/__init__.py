@@ -1,8 +1,8 @@
 """Where workers run: placement parsing, the Ray backend and the in-process backend.
 
-Only this package knows Ray; the torch engines its workers train with (process groups, DDP, FSDP2, context
-parallelism) are :mod:`rlrunner.distributed`. The driver builds a cluster, spawns one worker group per component and calls
-the groups; workers are plain classes and never call each other::
+Only this package knows Ray; the torch engines its workers train with (process groups, DDP, FSDP2, context parallelism)
+are :mod:`rlrunner.distributed`. The driver builds a cluster, spawns one worker group per component and calls the
+groups; workers are plain classes and never call each other::
 
     placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
                                 detect_devices_per_node(cfg.cluster))      # validate before anything starts

@@ -1,5 +1,6 @@
-"""The checks of the cluster's keys (``cluster.*``), registered in :mod:`rlrunner.recipe`. How batches, prompts and context-parallel groups share the placed devices is
-checked with the placement, by :func:`rlrunner.step.checks.check_placement`."""
+"""The checks of the cluster's keys (``cluster.*``), registered in :mod:`rlrunner.recipe`. How batches, prompts and
+context-parallel groups share the placed devices is checked with the placement, by
+:func:`rlrunner.step.checks.check_placement`."""
 
 from __future__ import annotations
 

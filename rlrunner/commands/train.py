@@ -63,8 +63,8 @@ def default_log_dir(cfg_log_path: str, config_name: str) -> Path:
 
 
 def dry_run_view(cfg: DictConfig) -> DictConfig:
-    """The resolved recipe without the blocks it does not use: other model families' sections and their own
-    settings (:attr:`~rlrunner.models.FlowModel.own_settings`), other algorithms' keys (``algorithm.<name>_*``; the EMA's keys,
+    """The resolved recipe without the blocks it does not use: other model families' sections and their own settings
+    (:attr:`~rlrunner.models.FlowModel.own_settings`), other algorithms' keys (``algorithm.<name>_*``; the EMA's keys,
     :data:`~rlrunner.algorithms.ema.EMA_KEYS`, serve every algorithm) and unset reward settings."""
     view = OmegaConf.to_container(cfg, resolve=True)
     model = view["actor"]["model"]

@@ -34,13 +34,14 @@ class RolloutHandles:
 class RolloutScoring:
     """Runs rollouts on the rollout group and scores them on the env group, for the runner.
 
-    ``prompts``: each split's prompt texts; ``sizes``: the step's sizes; ``turns``: the collocated groups' device turns.
+    ``prompts``: each split's prompt texts; ``sizes``: the step's sizes; ``turns``: the collocated groups' device
+    turns.
     """
 
     def __init__(self, cfg: DictConfig, sizes: StepSizes, turns: DeviceTurns, rollout: Any, env: Any,
-                 actor_world_size: int, prompts: dict[str, list[str]]) -> None:
+                 prompts: dict[str, list[str]]) -> None:
         self.cfg, self.sizes, self.turns, self.rollout, self.env = cfg, sizes, turns, rollout, env
-        self.actor_world_size, self.prompts = actor_world_size, prompts
+        self.prompts = prompts
 
     def __call__(self, rows: list[int], group_size: int, mode: str, timer: StepTimer, step: int,
                  to_log: int) -> tuple[RolloutHandles, RewardOutput]:
@@ -61,9 +62,8 @@ class RolloutScoring:
         rounds = split_evenly(rows, rollout_rounds(len(rows), n_shards, self.cfg.runner.async_reward))
         plan = None
         if mode == "train":
-            plan = TrainPlan.build(self.cfg.runner.seed, step, len(rows) * group_size,
-                                   self.cfg.actor.global_batch_size, self.actor_world_size,
-                                   self.cfg.actor.context_parallel_size)
+            plan = TrainPlan.build(self.cfg.runner.seed, step, len(rows) * group_size, self.sizes.global_batch_size,
+                                   self.sizes.actor_ranks, self.sizes.actor_cp)
         train: list[list[Handle[Batch]]] = [[] for _ in range(plan.groups if plan else 0)]
         logged: list[Batch] = []
         tickets, start = [], 0

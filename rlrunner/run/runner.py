@@ -102,7 +102,7 @@ class Runner:
         # runner.rollout_ahead: the next step's rollout, running in a driver thread during this step's update
         self.ahead: RolloutAhead | None = None
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
-        self.scoring = RolloutScoring(cfg, self.sizes, self.turns, self.rollout, self.env, self.actor.world_size,
+        self.scoring = RolloutScoring(cfg, self.sizes, self.turns, self.rollout, self.env,
                                       {"train": self.train_prompts, "eval": self.eval_prompts})
         self.weights = WeightSync(self.turns, self.rollout, objective_class(alg.name).sampling_adapter)
         model = cfg.actor.model
@@ -267,7 +267,8 @@ class Runner:
         RNG, the failure counters, the reward-hacking watch, the rollout's adapters (:class:`WeightSync`), a rollout
         started ahead, and what a resume must not change (:data:`~rlrunner.run.checkpointer.RESUME_RULES`)."""
         return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state(),
-                "nonfinite_in_a_row": self.nonfinite_in_a_row, "reward_failures_in_a_row": self.reward_failures_in_a_row,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                "reward_failures_in_a_row": self.reward_failures_in_a_row,
                 "lr_schedule_steps": self.lr_schedule_steps, "rollout_world_size": self.rollout.world_size,
                 "watch": self.watch.state_dict(), **self.weights.state_dict(self.step),
                 # a rollout started ahead is replayed on resume: its prompt rows and the adapters that sampled it

@@ -58,7 +58,8 @@ class WeightSync:
     def state_dict(self, step: int) -> dict[str, Any]:
         """The last sync's step, and its adapters when they are older than global step ``step`` (a resume must not
         sync newer ones before the uninterrupted run would have)."""
-        return {"synced_step": self.synced_step, "rollout_adapters": self.adapters if self.synced_step != step else None}
+        return {"synced_step": self.synced_step,
+                "rollout_adapters": self.adapters if self.synced_step != step else None}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         """Give the rollout what it held at global step ``step`` of the saved run: the saved adapters of a sync that
