@@ -12,7 +12,10 @@ default, allowed values, the comment beside the field) and adds, per key, its RL
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import importlib
+import io
 import json
 import os
 import subprocess
@@ -20,6 +23,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,6 +43,8 @@ KEYS_PAGE = ROOT / "docs" / "reference" / "keys.md"
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 # what `bin/rlrunner <command> --help` is asked for; tensorboard, ray and python are other programs' own help
 COMMANDS = ("", "train", "plan", "keys", "export", "serve_reward")
+# those bin/rlrunner runs as `python -m rlrunner.commands.<command>`
+PYTHON_COMMANDS = ("plan", "keys", "export", "serve_reward")
 # values tried on each RLinf key that sets ours, to learn which of our keys it sets (a wrong value is refused)
 PROBE_VALUES: tuple[Any, ...] = (True, "fsdp2", "full_shard", "bf16", "embodied_nft")
 
@@ -146,7 +152,19 @@ def keys_page() -> str:
 
 
 def help_text(command: str) -> str:
-    """``bin/rlrunner <command> --help`` as a fresh shell prints it (100 columns, whatever the terminal)."""
+    """``bin/rlrunner <command> --help`` as a fresh shell prints it (100 columns, whatever the terminal). The commands
+    bin/rlrunner hands to Python (:data:`PYTHON_COMMANDS`) print their parser's help from this process: the same
+    text, without a fresh interpreter importing torch and diffusers for each."""
+    if command in PYTHON_COMMANDS:
+        out = io.StringIO()
+        with mock.patch.dict(os.environ, {"COLUMNS": "100"}), contextlib.redirect_stdout(out):
+            try:
+                code = importlib.import_module(f"rlrunner.commands.{command}").main(["--help"])
+            except SystemExit as done:  # argparse's --help
+                code = done.code
+        if code not in (0, None):
+            raise SystemExit(f"bin/rlrunner {command} --help failed ({code})")
+        return out.getvalue().rstrip()
     argv = [str(ROOT / "bin" / "rlrunner")] + ([command, "--help"] if command else ["--help"])
     env = {**os.environ, "COLUMNS": "100"}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from shell_helpers import clean_env
+from shell_helpers import clean_env, run_handed_in_process
 
 from rlrunner.recipe import load_recipe
 
@@ -53,7 +53,8 @@ def test_the_recipe_follows_the_official_batch_arithmetic_and_sd3_ocr(monkeypatc
 
 
 def test_the_recipe_passes_dry_run(tmp_path):
-    result = _launch("--dry-run", *NO_TRAIN_SPLIT, log_root=tmp_path)
+    result = run_handed_in_process(["bash", str(LAUNCHER), RECIPE, "--dry-run", *NO_TRAIN_SPLIT],
+                                   {**clean_env(), "RLRUNNER_LOG_ROOT": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-3000:]
     resolved = yaml.safe_load(result.stdout)
     assert resolved["algorithm"]["nft_timesteps_per_sample"] == 9 and resolved["actor"]["global_batch_size"] == 576

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shell_helpers import clean_env, run_handed_in_process
 
 from rlrunner.sizing.memory import StepGeometry
 from rlrunner.sizing.simulate import simulate_actor, simulate_rollout
@@ -57,20 +58,14 @@ def test_fake_tensors_count_the_bytes_real_tensors_do(family_recipe, model_type)
                 assert peak == pytest.approx(real_peak, rel=0.01), phase
 
 
-def _plan(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
-    """``bin/rlrunner plan *args`` from the checkout, in this process (its ``main`` is the whole command: the entry
-    point only passes its return value to ``sys.exit``), with what it printed."""
-    from rlrunner.commands.plan import main
-
-    monkeypatch.chdir(REPO)
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["bin/rlrunner", "plan", *args], code, out, err)
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    """``bin/rlrunner plan *args`` from the checkout: the script runs, the Python command it hands over runs in this
+    process (:func:`shell_helpers.run_handed_in_process`)."""
+    return run_handed_in_process([str(REPO / "bin" / "rlrunner"), "plan", *args], clean_env())
 
 
-def test_simulate_json_has_the_documented_schema(tiny_dirs, capsys, monkeypatch):
-    done = _plan(capsys, monkeypatch, "tiny_nft_ocr", "actor.model.model_type=flux1", f"actor.model.model_path={tiny_dirs('flux1')}",
+def test_simulate_json_has_the_documented_schema(tiny_dirs):
+    done = _plan("tiny_nft_ocr", "actor.model.model_type=flux1", f"actor.model.model_path={tiny_dirs('flux1')}",
                  "actor.model.flux1.resolution=16", "actor.model.flux1.max_sequence_length=8",
                  "actor.model.flux1.num_steps=2", "actor.model.precision=bf16", "--simulate", "--json",
                  "--device-memory", "1GiB")
@@ -99,8 +94,8 @@ def test_simulate_json_has_the_documented_schema(tiny_dirs, capsys, monkeypatch)
     (["tiny_nft_ocr", "--simulate", "--device-memory", "lots"], "--device-memory"),
     (["tiny_nft_ocr", "--simulate", "--gpu", "abacus"], "--gpu"),
 ])
-def test_simulate_bad_input_is_one_line_and_exit_2(args, named, capsys, monkeypatch):
-    done = _plan(capsys, monkeypatch, *args)
+def test_simulate_bad_input_is_one_line_and_exit_2(args, named):
+    done = _plan(*args)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in done.stderr
