@@ -4,6 +4,7 @@
     python bench/simulate_recipes.py flux1_dev_nft_ocr    # one
     python bench/simulate_recipes.py --out bench/simulated_recipes.json   # and record them (the tests read it)
     python bench/simulate_recipes.py --table bench/simulated_recipes.json # docs/clusters.md's table, from the record
+    python bench/simulate_recipes.py --constants bench/simulated_recipes.json  # the plan's activation constants
 
 Each recipe runs ``bin/rlrunner plan <recipe> actor.model.model_path=bench/model_configs/<folder> --simulate
 --json`` in its own process (one simulation at a time: memory and cores are shared), with the device count its
@@ -13,7 +14,9 @@ simulation's, their ratio (simulated / formula), whether the simulation fits, an
 ``--out`` merges each simulation into the record (other recipes' entries stay; the formula's peak is left out, as
 the tests compute it from the code of the day), with the commit, the date and the
 fingerprint of what it simulated (:func:`rlrunner.sizing.record.recipe_fingerprint`): ``bench/simulated_recipes.json``
-is the record ``tests/sizing/test_plan_vs_simulation.py`` holds the formula and the recipes to.
+is the record ``tests/sizing/test_plan_vs_simulation.py`` holds the formula and the recipes to. It also rewrites the
+families' activation constants that the formula reads (``rlrunner/sizing/measured_activations.py``, as
+``--constants`` does).
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import argparse
 import datetime
 import functools
 import json
+import math
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,7 +41,8 @@ from rlrunner.cluster.resources import detect_devices_per_node
 from rlrunner.commands.plan import formula_device_peaks
 from rlrunner.config.loader import recipe_path
 from rlrunner.recipe import load_recipe
-from rlrunner.sizing.memory import model_sizes, resolve_model_folder, step_geometry
+from rlrunner.sizing.activations import measured_constants
+from rlrunner.sizing.memory import ModelSizes, StepGeometry, model_sizes, resolve_model_folder, step_geometry
 from rlrunner.sizing.record import read_record, recipe_fingerprint
 from rlrunner.sizing.sim_report import GIB, recipe_device_gib
 
@@ -57,6 +63,9 @@ RECIPE_FOLDERS = {
 }
 _DEVICES = re.compile(r"(\d+)\s*x\s*\d+\s*GB", re.IGNORECASE)
 TIMEOUT_S = 900
+RECORD_PATH = "bench/simulated_recipes.json"
+#: what the plan reads the families' activation constants from (written from the record: --constants, --out)
+CONSTANTS_PATH = ROOT / "rlrunner" / "sizing" / "measured_activations.py"
 
 
 def recipe_devices(recipe: str) -> int:
@@ -77,14 +86,65 @@ def fingerprint(recipe: str) -> str:
     return recipe_fingerprint(cfg, ROOT / "bench" / "model_configs" / RECIPE_FOLDERS[recipe], ROOT)
 
 
-@functools.cache  # the docs table and tests/sizing/test_plan_vs_simulation.py ask for each recipe's more than once
-def formula_peaks(recipe: str) -> dict[str, int]:
-    """The formula's peak bytes per set of alike devices (``"0-7"``), as ``bin/rlrunner plan`` computes them."""
+@functools.cache  # the docs table, the constants and tests/sizing/test_plan_vs_simulation.py ask more than once
+def recipe_plan_inputs(recipe: str) -> tuple[Any, ModelSizes, StepGeometry, Any]:
+    """The recipe as :func:`plan_overrides` plans it, its model's sizes, its step's geometry and its placement."""
     cfg = load_recipe(recipe, plan_overrides(recipe), check_datasets=False)
     sizes = model_sizes(cfg.actor.model, resolve_model_folder(cfg.actor.model.model_path, ROOT))
     placement = parse_placement(cfg.cluster.component_placement, cfg.cluster.num_nodes,
                                 detect_devices_per_node(cfg.cluster))
-    return formula_device_peaks(cfg, sizes, step_geometry(cfg, placement, sizes.guidance), placement)
+    return cfg, sizes, step_geometry(cfg, placement, sizes.guidance), placement
+
+
+def formula_peaks(recipe: str) -> dict[str, int]:
+    """The formula's peak bytes per set of alike devices (``"0-7"``), as ``bin/rlrunner plan`` computes them."""
+    return formula_device_peaks(*recipe_plan_inputs(recipe))
+
+
+def recipe_constants(recipe: str, entry: dict) -> dict[str, float]:
+    """The activation constants that the recipe's recorded simulation measures
+    (:func:`rlrunner.sizing.activations.measured_constants`), from each phase's largest activations over its
+    devices."""
+    cfg, sizes, geometry, _ = recipe_plan_inputs(recipe)
+    activations: dict[str, int] = {}
+    for device in entry["simulation"]["devices"]:
+        for phase in ("rollout", "update", "decode"):
+            gib = device["categories"].get(phase, {}).get("activations")
+            if gib is not None:
+                activations[phase] = max(activations.get(phase, 0), int(gib * GIB))
+    model = cfg.actor.model
+    return measured_constants(sizes, activations, sampling_batch=geometry.samples_per_rollout_call * geometry.cfg_factor,
+                              training_batch=geometry.micro_batch_size,
+                              checkpointing=bool(model[model.model_type].gradient_checkpointing),
+                              rollout_cp=geometry.rollout_cp, actor_cp=geometry.actor_cp)
+
+
+def constants_module(record: dict[str, dict]) -> str:
+    """rlrunner/sizing/measured_activations.py as the record gives it: per family, each constant the largest over
+    its recorded recipes, rounded up to a tenth (the plan stays at or above every simulation it was fitted to)."""
+    measured: dict[str, dict[str, tuple[float, str]]] = {}
+    for recipe in sorted(record):
+        if "simulation" not in record[recipe]:
+            continue
+        family = measured.setdefault(str(recipe_plan_inputs(recipe)[0].actor.model.model_type), {})
+        for name, value in recipe_constants(recipe, record[recipe]).items():
+            if name not in family or value > family[name][0]:
+                family[name] = (value, recipe)
+    lines = [f'"""Generated by `bin/rlrunner python bench/simulate_recipes.py --constants {RECORD_PATH}` from the record',
+             "of full-size simulations; do not edit (tests/sizing/test_plan_vs_simulation.py fails when it is not what the",
+             "record gives). Per family: the :class:`~rlrunner.models.shapes.ActivationProfile` constants of its recorded",
+             "recipes (:func:`rlrunner.sizing.activations.measured_constants`), each the largest, rounded up to a tenth,",
+             'with the recipe it came from."""',
+             "",
+             "MEASURED_ACTIVATIONS: dict[str, dict[str, float]] = {"]
+    for family in sorted(measured):
+        lines.append(f'    "{family}": {{')
+        for name in ("sampling", "training", "decode"):
+            if name in measured[family]:
+                value, recipe = measured[family][name]
+                lines.append(f'        "{name}": {math.ceil(value * 10 - 1e-9) / 10},  # {recipe}')
+        lines.append("    },")
+    return "\n".join([*lines, "}", ""])
 
 
 def fit_table(record: dict[str, dict]) -> list[str]:
@@ -126,9 +186,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write every recipe's result here as JSON (rewritten after each)")
     parser.add_argument("--table", type=Path, metavar="RECORD",
                         help="simulate nothing: print docs/clusters.md's table from this record and today's formula")
+    parser.add_argument("--constants", type=Path, metavar="RECORD",
+                        help=f"simulate nothing: write {CONSTANTS_PATH.relative_to(ROOT)} (the families' activation "
+                             "constants) from this record")
     args = parser.parse_args()
     if args.table:
         print("\n".join(fit_table(read_record(args.table))))
+        return
+    if args.constants:
+        CONSTANTS_PATH.write_text(constants_module(read_record(args.constants)))
+        print(f"wrote {CONSTANTS_PATH.relative_to(ROOT)}")
         return
     print(f"{'recipe':<32}{'formula GiB':>12}{'simulated GiB':>15}{'ratio':>7}{'fits':>6}{'seconds':>9}")
     recorded = read_record(args.out) if args.out else {}
@@ -144,6 +211,7 @@ def main() -> None:
                             **({"error": result} if isinstance(result, str) else {"simulation": result})}
         if args.out:
             args.out.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+            CONSTANTS_PATH.write_text(constants_module(recorded))
         if isinstance(result, str):
             print(f"{recipe:<32}{formula:>12.1f}{'-':>15}{'-':>7}{'-':>6}{seconds:>9.0f}  {result}")
             continue

@@ -62,8 +62,10 @@ class FlowModel(ComponentPlacement, BuildHooks, abc.ABC):
     expert_components: tuple[str, ...] = ()
     #: images per VAE decode call (bounds decode memory at full resolution)
     decode_batch_size: int = 8
-    #: what the denoiser and VAE hold while they run, per unit the memory plan multiplies out (measured values)
+    #: what the denoiser and VAE hold while they run: the structure (sizing.memory.family_profile adds the constants)
     activation_profile: ActivationProfile = ActivationProfile()
+    #: the family whose recorded recipes measure this one's activation constants (None: its own)
+    activations_measured_by: str | None = None
     #: how the family's :meth:`combine_guidance` combines the ``cfg`` halves (``Guidance.combine``)
     guidance_combine: str = PLAIN_COMBINE
     #: with ``use_lora: false`` the whole denoiser trains (tiny); otherwise it stays frozen

@@ -30,7 +30,7 @@ from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resol
 from rlrunner.models.qwen_image import pack_latents, unpack_latents
 from rlrunner.models.schedules import scaled_timestep, token_shift_kwargs
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import ActivationProfile, SampleShapes
+from rlrunner.models.shapes import SampleShapes
 
 #: the joint-attention projections of both streams (double blocks; ``attn.to_q/k/v`` also match the single blocks'
 #: attention) and both streams' feed-forward layers: the targets of flow_grpo's ``scripts/train_flux.py`` and of
@@ -63,10 +63,6 @@ class Flux1FlowModel(FlowModel):
     """
 
     model_type = "flux1"
-    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: flux1_dev_nft_ocr's sampler 24.7
-    #: elements per token and hidden unit (the single-stream blocks keep attention and the 4h MLP live together, with
-    #: peft's float32 LoRA output of proj_mlp), its recomputed block 29.0, the AutoencoderKL decode 3,072 bytes a pixel
-    activation_profile = ActivationProfile(sampling=25.0, training=30.0, decode=3100.0)
     settings_type = Flux1Settings
     pipeline_class_name = "FluxPipeline"
     lora_loader_class_name = "FluxLoraLoaderMixin"

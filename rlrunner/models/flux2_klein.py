@@ -31,7 +31,7 @@ from rlrunner.models.guidance import recipe_kind
 from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.schedules import scaled_timestep
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import ActivationProfile, SampleShapes
+from rlrunner.models.shapes import SampleShapes
 
 #: both streams' attention projections of the double blocks, and the fused qkv + MLP input and the output
 #: projection of the single blocks, which hold most of the weights (20 of 25 blocks of the 4B): without them most
@@ -84,10 +84,6 @@ class Flux2KleinFlowModel(FlowModel):
     """
 
     model_type = "flux2_klein"
-    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: flux2_klein_nft_ocr's sampler 49.9
-    #: elements per token and hidden unit (the single blocks' fused 27,648-wide to_qkv_mlp_proj: its bf16 output
-    #: beside peft's float32 LoRA output and its scaled copy), its recomputed block 50.4, the decode 3,077 bytes a pixel
-    activation_profile = ActivationProfile(sampling=50.0, training=51.0, decode=3100.0)
     settings_type = Flux2KleinSettings
     pipeline_class_name = "Flux2KleinPipeline"
     lora_loader_class_name = "Flux2LoraLoaderMixin"

@@ -29,7 +29,7 @@ from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8, vae
 from rlrunner.models.ragged_text import concat_padded
 from rlrunner.models.schedules import scaled_timestep, token_shift_kwargs
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import ActivationProfile, SampleShapes
+from rlrunner.models.shapes import SampleShapes
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -69,10 +69,6 @@ class QwenImageFlowModel(FlowModel):
     """
 
     model_type = "qwen_image"
-    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: qwen_image_nft_ocr's sampler 15.7
-    #: elements per token and hidden unit, its recomputed block 51.1, its VAE's decode (the Wan-style causal VAE on
-    #: one frame) 6,928 bytes per pixel
-    activation_profile = ActivationProfile(sampling=16.0, training=52.0, decode=7000.0)
     settings_type = QwenImageSettings
     pipeline_class_name = "QwenImagePipeline"
     lora_loader_class_name = "QwenImageLoraLoaderMixin"

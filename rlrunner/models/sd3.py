@@ -17,7 +17,7 @@ from rlrunner.models.base import Cond, FlowModel
 from rlrunner.models.lora import MMDIT_LORA_TARGETS, last_block_text_stream
 from rlrunner.models.pixels import check_divisible, decode_scaled_latents, resolution_hw
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import ActivationProfile, SampleShapes
+from rlrunner.models.shapes import SampleShapes
 
 CLIP_TOKENS = 77  # the SD3 pipeline's CLIP tokenizer length when it has no tokenizer to ask
 
@@ -30,10 +30,6 @@ class SD3FlowModel(FlowModel):
     """
 
     model_type = "sd3"
-    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: sd3_nft_ocr's sampler 14.0 elements per
-    #: token and hidden unit (SD3.5-Large 13.0), its recomputed block 30.2 (sd3_nft_multi_reward; sd3_nft_ocr 29.6),
-    #: the AutoencoderKL decode 3,072 bytes per pixel
-    activation_profile = ActivationProfile(sampling=15.0, training=31.0, decode=3100.0)
     settings_type = FamilyConfig  # 512 px and 256 T5 tokens: the shared defaults
     pipeline_class_name = "StableDiffusion3Pipeline"
     lora_loader_class_name = "SD3LoraLoaderMixin"

@@ -39,12 +39,15 @@ class ActivationProfile:
     """What a family's denoiser and VAE hold while they run, in the units the memory plan multiplies out
     (:func:`rlrunner.sizing.activations.activation_bytes`, :func:`~rlrunner.sizing.activations.decode_bytes`).
 
-    A family's values are fixed from its full-size simulation (``bin/rlrunner plan --simulate``, recorded in
-    ``bench/simulated_recipes.json``), the largest over its shipped recipes. A family that declares none gets the
-    defaults: the textbook block counts and the decode of diffusers' ``AutoencoderKL`` (SD3's and FLUX.1's VAE). Besides the block's own tensors they include peft's float32 LoRA path: the
-    adapters are float32, so every adapted layer keeps a float32 copy of its input for backward and computes its
-    LoRA output, scaled, in float32 beside the base output (FLUX.2-klein's fused 27,648-wide projection: 3 times
-    the bytes of the base output).
+    A family declares the structure (``decode_chunk_frames``, ``text_in_sequence``); the constants are its
+    full-size simulations' (``bin/rlrunner plan --simulate``, recorded in ``bench/simulated_recipes.json``), the
+    largest over its shipped recipes, read from ``rlrunner/sizing/measured_activations.py``
+    (:func:`rlrunner.sizing.memory.family_profile`). A family without a recorded recipe gets the defaults: the
+    textbook block counts and the decode of diffusers' ``AutoencoderKL`` (SD3's and FLUX.1's VAE). Besides the
+    block's own tensors the measured constants include peft's float32 LoRA path: the adapters are float32, so every
+    adapted layer keeps a float32 copy of its input for backward and computes its LoRA output, scaled, in float32
+    beside the base output (FLUX.2-klein's fused 27,648-wide projection: 3 times the bytes of the base output), and
+    the sampler's constant the generate call's latents too (the formula counts them again: it stays above).
 
     Attributes:
         sampling: elements of the model dtype per token and hidden unit alive in one block at inference.

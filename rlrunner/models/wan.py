@@ -98,12 +98,9 @@ class WanFlowModel(FlowModel):
         "ffn.net.0.proj", "ffn.net.2",
     )
     decode_batch_size = 2
-    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: the 5B image and video recipes'
-    #: sampler 51.6 and 50.7 elements per image token and hidden unit (the text only feeds cross-attention; the
-    #: 14,336-wide FFN's float32 LoRA output and the float32 norms and modulation), their recomputed block 100.1 and
-    #: 93, the Wan2.2 VAE's decode 5,796 bytes per pixel of a chunk (one latent frame decodes to 4 frames)
-    activation_profile = ActivationProfile(sampling=52.0, training=101.0, decode=5800.0, decode_chunk_frames=4,
-                                           text_in_sequence=False)
+    #: the text only feeds cross-attention, and one latent frame decodes to a chunk of 4 frames (the constants:
+    #: rlrunner/sizing/measured_activations.py)
+    activation_profile = ActivationProfile(decode_chunk_frames=4, text_in_sequence=False)
 
     def check_pipeline(self, pipe: Any) -> None:
         """A condition mode we sample, and a pipeline of this layout (a hub id's index is checked only here)."""
@@ -217,8 +214,5 @@ class Wan21FlowModel(WanFlowModel):
 
     model_type = "wan21_t2v"
     settings_type = Wan21Settings
-    #: measured by plan --simulate on wan22_t2v_a14b_nft_video_ocr, whose experts are Wan2.1-14B transformers with the
-    #: Wan2.1 VAE, rounded up: the sampler 23.6 elements per image token and hidden unit (a 2.7 h FFN), the recomputed
-    #: block 68.2 (at cp 4), the decode 5,118 bytes per pixel of a 4-frame chunk
-    activation_profile = ActivationProfile(sampling=24.0, training=69.0, decode=5200.0, decode_chunk_frames=4,
-                                           text_in_sequence=False)
+    #: no shipped recipe: measured by the A14B's, whose experts are Wan2.1-14B transformers with the Wan2.1 VAE
+    activations_measured_by = "wan22_t2v_a14b"

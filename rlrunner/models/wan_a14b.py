@@ -39,7 +39,7 @@ from rlrunner.algorithms.samplers import VelocityFn
 from rlrunner.models.base import Cond
 from rlrunner.models.guidance import low_noise_in_force
 from rlrunner.models.lora import ADAPTERS, TRAINED_ADAPTER, saved_config, write_lora
-from rlrunner.models.wan import LAYOUTS, Wan21FlowModel, Wan21Settings, WanFlowModel
+from rlrunner.models.wan import LAYOUTS, Wan21Settings, WanFlowModel
 
 #: ``actor.model.wan22_t2v_a14b.train_experts`` -> the experts that get LoRA adapters (and train)
 TRAIN_EXPERTS = {"both": ("transformer", "transformer_2"), "high": ("transformer",), "low": ("transformer_2",)}
@@ -169,7 +169,6 @@ class WanA14BFlowModel(WanFlowModel):
 
     model_type = "wan22_t2v_a14b"
     settings_type = Wan21Settings
-    activation_profile = Wan21FlowModel.activation_profile  # each expert is a Wan2.1-14B transformer
     own_settings = (*WanFlowModel.own_settings, "train_experts", "guidance_scale_2", "eval_guidance_scale_2")
     expert_components = ("transformer", "transformer_2")
     lora_load_calls = ({}, {"weight_name": LORA_FILES["transformer_2"], "load_into_transformer_2": True})

@@ -34,7 +34,7 @@ from rlrunner.models.pixels import check_divisible, resolution_hw, to_uint8
 from rlrunner.models.ragged_text import concat_padded, stack_ragged, unstack_ragged
 from rlrunner.models.schedules import token_shift_mu
 from rlrunner.models.settings import FamilyConfig
-from rlrunner.models.shapes import ActivationProfile, SampleShapes
+from rlrunner.models.shapes import SampleShapes
 
 #: attention and SwiGLU projections of every block (refiners and main layers): DiffSynth-Studio's Z-Image LoRA
 #: targets (``--lora_target_modules "to_q,to_k,to_v,to_out.0,w1,w2,w3"``)
@@ -67,9 +67,6 @@ class ZImageFlowModel(FlowModel):
     """
 
     model_type = "zimage"
-    #: measured by plan --simulate (bench/simulated_recipes.json), rounded up: zimage_nft_ocr's sampler 23.5 elements
-    #: per token and hidden unit, its recomputed block 56.1, the AutoencoderKL decode 3,072 bytes per pixel
-    activation_profile = ActivationProfile(sampling=24.0, training=57.0, decode=3100.0)
     settings_type = ZImageSettings
     own_settings = ("cfg_truncation", "cfg_normalization")
     pipeline_class_name = "ZImagePipeline"

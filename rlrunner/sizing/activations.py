@@ -1,6 +1,7 @@
 """The activation formulas of the memory plan: what a family's denoiser holds while it samples or trains, and what
 its VAE holds while it decodes, from the sample shapes and the family's measured
-:class:`~rlrunner.models.shapes.ActivationProfile` (``bin/rlrunner plan --simulate`` fixes the constants)."""
+:class:`~rlrunner.models.shapes.ActivationProfile`; and their inverse, the constants a full-size simulation
+(``bin/rlrunner plan --simulate``) measures."""
 
 from __future__ import annotations
 
@@ -49,3 +50,35 @@ def decode_bytes(sizes: Any) -> int:
     height, width = pixels[-3], pixels[-2]
     chunk = min(frames, sizes.profile.decode_chunk_frames)
     return int(sizes.decode_batch_size * chunk * height * width * sizes.profile.decode)
+
+
+def measured_constants(sizes: Any, activations: dict[str, int], *, sampling_batch: int, training_batch: int,
+                       checkpointing: bool, rollout_cp: int = 1, actor_cp: int = 1) -> dict[str, float]:
+    """The :class:`~rlrunner.models.shapes.ActivationProfile` constants that make :func:`activation_bytes` and
+    :func:`decode_bytes` give a simulation's activation bytes: the inverse of those formulas on ``sizes`` (its
+    structural fields, ``decode_chunk_frames`` and ``text_in_sequence``, as they are).
+
+    ``activations`` holds the bytes of the simulated phases that have any, keyed ``rollout`` (one denoiser call of
+    ``sampling_batch`` samples), ``update`` (a micro-batch of ``training_batch``) and ``decode``; a constant whose
+    phase is absent is left out.
+    """
+    profile = sizes.profile
+    itemsize = sizes.dtype.itemsize
+
+    def units(batch: int, cp: int) -> int:  # elements per constant: batch x tokens per rank x hidden size
+        tokens = math.ceil(sizes.shapes.image_tokens / cp) + sizes.shapes.text_tokens * profile.text_in_sequence
+        return batch * tokens * sizes.hidden_size
+
+    constants = {}
+    if sizes.hidden_size is not None and sizes.num_layers is not None:
+        if "rollout" in activations:
+            constants["sampling"] = activations["rollout"] / itemsize / units(sampling_batch, rollout_cp)
+        if "update" in activations:
+            per_unit = activations["update"] / itemsize / units(training_batch, actor_cp)
+            constants["training"] = per_unit - sizes.num_layers if checkpointing else per_unit / sizes.num_layers
+    if "decode" in activations:
+        pixels = sizes.shapes.pixels
+        frames = pixels[0] if len(pixels) == 4 else 1
+        chunk = min(frames, profile.decode_chunk_frames)
+        constants["decode"] = activations["decode"] / (sizes.decode_batch_size * chunk * pixels[-3] * pixels[-2])
+    return constants

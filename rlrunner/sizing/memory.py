@@ -16,6 +16,7 @@ Activation memory is a formula (:mod:`rlrunner.sizing.activations`), not a measu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,6 +30,7 @@ from rlrunner.models.meta import ModelFolderError, build_on_meta, lora_parameter
 from rlrunner.models.shapes import ActivationProfile, SampleShapes
 from rlrunner.objectives import build_objective
 from rlrunner.sizing.activations import activation_bytes, decode_bytes
+from rlrunner.sizing.measured_activations import MEASURED_ACTIVATIONS
 from rlrunner.step.sizes import StepSizes
 from rlrunner.utils.device import PRECISIONS, resolve_dtype
 from rlrunner.utils.flat_state import sync_buffer_bytes
@@ -109,6 +111,15 @@ def resolve_model_folder(model_path: str, base_dir: Path) -> Path:
     raise ModelFolderError(f"actor.model.model_path={model_path!r}: model folder {folder} does not exist")
 
 
+def family_profile(family: Any) -> ActivationProfile:
+    """``family``'s activation constants: those its recorded full-size simulations measured
+    (:data:`~rlrunner.sizing.measured_activations.MEASURED_ACTIVATIONS`, written from the record) over the structure
+    it declares (``decode_chunk_frames``, ``text_in_sequence``); a family without a recorded recipe (the tiny one, a
+    plugin) keeps the constants it declares."""
+    measured = MEASURED_ACTIVATIONS.get(family.activations_measured_by or family.model_type, {})
+    return dataclasses.replace(family.activation_profile, **measured)
+
+
 def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
     """Build every component of ``folder`` on the meta device and size it at ``model_cfg.precision``.
 
@@ -159,7 +170,7 @@ def model_sizes(model_cfg: Any, folder: Path) -> ModelSizes:
         num_layers=layers if denoiser_name == "transformer" else None,
         experts=len(denoisers),
         guidance=guidance,
-        profile=family.activation_profile,
+        profile=family_profile(family),
         decode_batch_size=family.decode_batch_size,
         largest_block_bytes=max(block_bytes, default=0),
         non_block_bytes=denoiser_bytes - sum(block_bytes) if block_bytes else 0,

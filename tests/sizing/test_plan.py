@@ -197,6 +197,31 @@ def test_activation_profile_constants_by_hand():
     assert decode_bytes(_toy_sizes(decode_batch_size=3)) == 3 * 1 * 8 * 8 * 3072  # an image, the default decode
 
 
+@pytest.mark.parametrize("checkpointing, cp", [(True, 1), (False, 1), (True, 2)])
+def test_measured_constants_invert_the_formulas(checkpointing, cp):
+    """The constants a simulation's activation bytes give (measured_constants) are those that make the formulas give
+    those bytes back, by hand: 2 x 5 x 8 x 2 bytes per unit at cp 2 (s = 4 / 2 + 3), 2 x 7 x 8 x 2 at cp 1."""
+    from rlrunner.models.shapes import ActivationProfile, SampleShapes
+    from rlrunner.sizing.activations import measured_constants
+
+    video = SampleShapes((4, 2, 2, 2), {}, (9, 8, 6, 3), image_tokens=4, text_tokens=3)
+    sizes = _toy_sizes(shapes=video, profile=ActivationProfile(decode_chunk_frames=4), decode_batch_size=2)
+    per_unit = 2 * (4 // cp + 3) * 8 * 2
+    activations = {"rollout": 30 * per_unit, "update": (2 + 45) * per_unit if checkpointing else 45 * 2 * per_unit,
+                   "decode": 2 * 4 * 8 * 6 * 700}
+    constants = measured_constants(sizes, activations, sampling_batch=2, training_batch=2, checkpointing=checkpointing,
+                                   rollout_cp=cp, actor_cp=cp)
+    assert constants == {"sampling": 30.0, "training": 45.0, "decode": 700.0}
+    measured = dataclasses.replace(sizes, profile=ActivationProfile(**constants, decode_chunk_frames=4))
+    assert activation_bytes(measured, 2, training=False, checkpointing=False, context_parallel_size=cp) == \
+        activations["rollout"]
+    assert activation_bytes(measured, 2, training=True, checkpointing=checkpointing, context_parallel_size=cp) == \
+        activations["update"]
+    assert decode_bytes(measured) == activations["decode"]
+    assert measured_constants(sizes, {"decode": 1}, sampling_batch=2, training_batch=2,
+                              checkpointing=True).keys() == {"decode"}  # a phase the simulation lacks: left out
+
+
 def test_fsdp2_shards_the_actor_over_its_ranks():
     geometry = StepGeometry(samples=16, group_size=4, rollout_epochs=1, rollout_workers=1, rollout_cp=1, actor_ranks=4,
                             actor_cp=1, global_batch_size=16,

@@ -21,7 +21,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from simulate_recipes import RECIPE_FOLDERS, fingerprint, fit_table, formula_peaks, plan_overrides
+from simulate_recipes import (
+    CONSTANTS_PATH,
+    RECIPE_FOLDERS,
+    constants_module,
+    fingerprint,
+    fit_table,
+    formula_peaks,
+    plan_overrides,
+)
 
 from rlrunner.config.loader import recipe_path
 from rlrunner.sizing.record import read_record
@@ -50,6 +58,14 @@ def test_every_gpu_recipe_has_a_config_folder_and_a_current_record():
         assert _entry(recipe)["fingerprint"] == fingerprint(recipe), (
             f"{recipe}'s recipe, the schema's defaults or its config folder changed since it was simulated: "
             + STALE.format(recipe=recipe))
+
+
+def test_the_families_activation_constants_are_the_records():
+    """The plan's activation constants (rlrunner/sizing/measured_activations.py) are what the record's simulations
+    measure, not numbers copied by hand into the family files."""
+    assert CONSTANTS_PATH.read_text() == constants_module(RECORD), (
+        f"{CONSTANTS_PATH.relative_to(REPO)} is not what {RECORD_PATH.name} gives: run `bin/rlrunner python "
+        f"bench/simulate_recipes.py --constants bench/simulated_recipes.json`")
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPE_FOLDERS))
