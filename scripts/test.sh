@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite, setting up the Python environment first (see scripts/env.sh).
-#   bash scripts/test.sh                 # everything, as CI runs it (20-30 minutes on 2 CPU cores)
+#   bash scripts/test.sh                 # everything, as CI runs it (about 40 minutes on 2 CPU cores)
 #   bash scripts/test.sh -m "not slow"   # skip the end-to-end runs (minutes)
 #   bash scripts/test.sh tests/algorithms -x
 #   bash scripts/test.sh -n 0 ...        # in this one process (a debugger, -s)
