@@ -9,6 +9,22 @@ import math
 from typing import Any
 
 
+def tokens_per_rank(sizes: Any, context_parallel_size: int = 1) -> int:
+    """``s``: the image tokens one of ``context_parallel_size`` ranks holds, plus each sample's text tokens where they
+    join the blocks' sequence (:attr:`ActivationProfile.text_in_sequence`; counted whole, an upper bound)."""
+    text = sizes.shapes.text_tokens if sizes.profile.text_in_sequence else 0
+    return math.ceil(sizes.shapes.image_tokens / context_parallel_size) + text
+
+
+def decode_call_pixels(sizes: Any) -> int:
+    """Pixels one VAE decode call produces at a time: the family's ``decode_batch_size`` samples, each a chunk of at
+    most ``decode_chunk_frames`` frames."""
+    pixels = sizes.shapes.pixels
+    frames = pixels[0] if len(pixels) == 4 else 1
+    chunk = min(frames, sizes.profile.decode_chunk_frames)
+    return sizes.decode_batch_size * chunk * pixels[-3] * pixels[-2]
+
+
 def activation_bytes(sizes: Any, batch: int, *, training: bool, checkpointing: bool,
                      context_parallel_size: int = 1) -> int | None:
     """Formula estimate of the denoiser's activation memory for ``batch`` samples on one rank, from ``sizes`` (a
@@ -30,9 +46,7 @@ def activation_bytes(sizes: Any, batch: int, *, training: bool, checkpointing: b
     if sizes.hidden_size is None or sizes.num_layers is None:
         return None
     profile = sizes.profile
-    per_rank = math.ceil(sizes.shapes.image_tokens / context_parallel_size)
-    per_rank += sizes.shapes.text_tokens if profile.text_in_sequence else 0
-    tokens = batch * per_rank * sizes.hidden_size
+    tokens = batch * tokens_per_rank(sizes, context_parallel_size) * sizes.hidden_size
     if not training:
         elements = profile.sampling * tokens
     elif checkpointing:
@@ -45,11 +59,7 @@ def activation_bytes(sizes: Any, batch: int, *, training: bool, checkpointing: b
 def decode_bytes(sizes: Any) -> int:
     """The VAE decode's working memory: one decode call's samples (the family's ``decode_batch_size``), each a chunk
     of ``decode_chunk_frames`` frames at :attr:`ActivationProfile.decode` bytes per pixel."""
-    pixels = sizes.shapes.pixels
-    frames = pixels[0] if len(pixels) == 4 else 1
-    height, width = pixels[-3], pixels[-2]
-    chunk = min(frames, sizes.profile.decode_chunk_frames)
-    return int(sizes.decode_batch_size * chunk * height * width * sizes.profile.decode)
+    return int(decode_call_pixels(sizes) * sizes.profile.decode)
 
 
 def measured_constants(sizes: Any, activations: dict[str, int], *, sampling_batch: int, training_batch: int,
@@ -62,12 +72,10 @@ def measured_constants(sizes: Any, activations: dict[str, int], *, sampling_batc
     ``sampling_batch`` samples), ``update`` (a micro-batch of ``training_batch``) and ``decode``; a constant whose
     phase is absent is left out.
     """
-    profile = sizes.profile
     itemsize = sizes.dtype.itemsize
 
     def units(batch: int, cp: int) -> int:  # elements per constant: batch x tokens per rank x hidden size
-        tokens = math.ceil(sizes.shapes.image_tokens / cp) + sizes.shapes.text_tokens * profile.text_in_sequence
-        return batch * tokens * sizes.hidden_size
+        return batch * tokens_per_rank(sizes, cp) * sizes.hidden_size
 
     constants = {}
     if sizes.hidden_size is not None and sizes.num_layers is not None:
@@ -77,8 +85,5 @@ def measured_constants(sizes: Any, activations: dict[str, int], *, sampling_batc
             per_unit = activations["update"] / itemsize / units(training_batch, actor_cp)
             constants["training"] = per_unit - sizes.num_layers if checkpointing else per_unit / sizes.num_layers
     if "decode" in activations:
-        pixels = sizes.shapes.pixels
-        frames = pixels[0] if len(pixels) == 4 else 1
-        chunk = min(frames, profile.decode_chunk_frames)
-        constants["decode"] = activations["decode"] / (sizes.decode_batch_size * chunk * pixels[-3] * pixels[-2])
+        constants["decode"] = activations["decode"] / decode_call_pixels(sizes)
     return constants

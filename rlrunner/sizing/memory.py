@@ -29,7 +29,7 @@ from rlrunner.models.guidance import Guidance
 from rlrunner.models.meta import ModelFolderError, build_on_meta, lora_parameter_count, module_bytes, read_components
 from rlrunner.models.shapes import ActivationProfile, SampleShapes
 from rlrunner.objectives import build_objective
-from rlrunner.sizing.activations import activation_bytes, decode_bytes
+from rlrunner.sizing.activations import activation_bytes, decode_bytes, tokens_per_rank
 from rlrunner.sizing.measured_activations import MEASURED_ACTIVATIONS
 from rlrunner.step.sizes import StepSizes
 from rlrunner.utils.device import PRECISIONS, resolve_dtype
@@ -272,9 +272,8 @@ def actor_plan(sizes: ModelSizes, geometry: StepGeometry, strategy: str, checkpo
                                "block holds", transient=True))
     cp = geometry.actor_cp
     if cp > 1 and sizes.hidden_size:
-        tokens = math.ceil(sizes.shapes.image_tokens / cp) + sizes.shapes.text_tokens * sizes.profile.text_in_sequence
         plan.parts.append(Part("actor", "context-parallel all-to-all buffers",
-                               8 * mb * tokens * sizes.hidden_size * sizes.dtype.itemsize,
+                               8 * mb * tokens_per_rank(sizes, cp) * sizes.hidden_size * sizes.dtype.itemsize,
                                "q, k, v and the attention output, sent and received (Ulysses)", transient=True))
     plan.activation_bytes = activation_bytes(sizes, mb, training=True, checkpointing=checkpointing,
                                              context_parallel_size=cp)
